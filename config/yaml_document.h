@@ -1,0 +1,20 @@
+// A YAML file as vaswap's policy code sees it: scalars with their paths and positions.
+// The parsing itself happens in libvaswap_yaml.so, loaded privately on first use.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace vaswap {
+
+struct YamlScalar {
+  std::string path;   // "offload.prefetch", "rules[0].after"
+  std::string value;
+  int line = 0;       // 1-based
+  int column = 0;     // 1-based
+};
+
+// Reads `file`. On failure returns false and sets `error` to "file:line:column: what".
+bool read_yaml_file(const std::string& file, std::vector<YamlScalar>* out, std::string* error);
+
+}  // namespace vaswap

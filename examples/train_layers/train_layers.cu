@@ -1,0 +1,311 @@
+// vaswap's demo: a small layered "training" job built on per-layer CUDA graphs.
+//
+// Each layer has a forward graph (input -> saved activation, output) and a backward graph
+// (incoming gradient, saved activation -> input gradient, weight gradient). As in PyTorch, the
+// buffers the graphs write are allocated with cudaMalloc while the graph is being captured, with
+// the thread's capture mode relaxed. Between graphs, eager work moves data: the input copy into
+// the next layer's static input, the gradient copy into the previous layer's static gradient, and
+// gradient accumulation and the weight update as eager kernels.
+//
+// All arithmetic is on uint32 with wrap-around, so the result is exact: the same source built with
+// nvcc for a GPU and with a host compiler for vaswap's simulated device prints the same checksum.
+#include <cuda_runtime_api.h>
+#include <getopt.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "vaswap_sim/kernel.h"
+
+// ------------------------------------------------------------------------------------------------
+// Kernels
+// ------------------------------------------------------------------------------------------------
+
+VSK_GLOBAL void fill_kernel(uint32_t* out, uint32_t seed, uint32_t n) {
+  VSK_FOR(i, n) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    out[i] = h;
+  }
+}
+VSK_REGISTER(fill_kernel)
+
+VSK_GLOBAL void forward_kernel(const uint32_t* x, const uint32_t* w, uint32_t* act, uint32_t* y,
+                               uint32_t n) {
+  VSK_FOR(i, n) {
+    const uint32_t a = x[i] ^ (x[i] >> 7);
+    act[i] = a;
+    y[i] = a * (w[i] | 1u) + 0x9e3779b9u;
+  }
+}
+VSK_REGISTER(forward_kernel)
+
+VSK_GLOBAL void backward_kernel(const uint32_t* gy, const uint32_t* act, const uint32_t* w,
+                                uint32_t* gx, uint32_t* gw, uint32_t n) {
+  VSK_FOR(i, n) {
+    gx[i] = gy[i] * (w[i] | 1u) + act[i];
+    gw[i] = (gy[i] * act[i]) ^ (gy[i] >> 3);
+  }
+}
+VSK_REGISTER(backward_kernel)
+
+VSK_GLOBAL void loss_grad_kernel(const uint32_t* y, uint32_t* gy, uint32_t n) {
+  VSK_FOR(i, n) { gy[i] = y[i] * 2654435761u + 1u; }
+}
+VSK_REGISTER(loss_grad_kernel)
+
+VSK_GLOBAL void accumulate_kernel(uint32_t* acc, const uint32_t* g, uint32_t n) {
+  VSK_FOR(i, n) { acc[i] += g[i]; }
+}
+VSK_REGISTER(accumulate_kernel)
+
+VSK_GLOBAL void update_kernel(uint32_t* w, uint32_t* acc, uint32_t n) {
+  VSK_FOR(i, n) {
+    w[i] -= acc[i] >> 24;
+    acc[i] = 0;
+  }
+}
+VSK_REGISTER(update_kernel)
+
+// ------------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------------
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    const cudaError_t check_rc_ = (call);                                                \
+    if (check_rc_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "train_layers: %s failed at %s:%d: %s (%s)\n", #call, __FILE__, \
+                   __LINE__, cudaGetErrorName(check_rc_), cudaGetErrorString(check_rc_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+struct Options {
+  int layers = 8;
+  uint32_t elems = 1u << 18;
+  int steps = 10;
+  uint32_t seed = 1;
+  int device = 0;
+  bool quiet = false;
+};
+
+void usage(FILE* to) {
+  std::fprintf(to,
+               "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N] [--quiet]\n"
+               "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
+               "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
+               "  is the same on a GPU and on vaswap's simulated device.\n"
+               "  --layers N   layers (default 8)\n"
+               "  --elems N    uint32 elements per buffer (default 262144, i.e. 1 MiB)\n"
+               "  --steps N    training steps (default 10)\n"
+               "  --seed N     data seed (default 1)\n"
+               "  --device N   CUDA device (default 0)\n"
+               "  --quiet      print only the checksum line\n");
+}
+
+bool parse_number(const char* text, long min, long max, long* out) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  static const option longs[] = {{"layers", required_argument, nullptr, 'l'},
+                                 {"elems", required_argument, nullptr, 'n'},
+                                 {"steps", required_argument, nullptr, 's'},
+                                 {"seed", required_argument, nullptr, 'r'},
+                                 {"device", required_argument, nullptr, 'd'},
+                                 {"quiet", no_argument, nullptr, 'q'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  int c = 0;
+  while ((c = getopt_long(argc, argv, "", longs, nullptr)) != -1) {
+    long v = 0;
+    bool ok = true;
+    switch (c) {
+      case 'l': ok = parse_number(optarg, 1, 4096, &v); o.layers = static_cast<int>(v); break;
+      case 'n': ok = parse_number(optarg, 1, 1L << 30, &v); o.elems = static_cast<uint32_t>(v); break;
+      case 's': ok = parse_number(optarg, 1, 1000000, &v); o.steps = static_cast<int>(v); break;
+      case 'r': ok = parse_number(optarg, 0, 0xffffffffL, &v); o.seed = static_cast<uint32_t>(v); break;
+      case 'd': ok = parse_number(optarg, 0, 1024, &v); o.device = static_cast<int>(v); break;
+      case 'q': o.quiet = true; break;
+      case 'h': usage(stdout); std::exit(0);
+      default: usage(stderr); std::exit(2);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "train_layers: --%s needs a whole number in range, got \"%s\"\n",
+                   longs[0].name, optarg);
+      usage(stderr);
+      std::exit(2);
+    }
+  }
+  if (optind != argc) {
+    std::fprintf(stderr, "train_layers: unexpected argument \"%s\"\n", argv[optind]);
+    usage(stderr);
+    std::exit(2);
+  }
+  return o;
+}
+
+struct Layer {
+  uint32_t* x = nullptr;    // static input (written by the eager input copy)
+  uint32_t* gy = nullptr;   // static incoming gradient
+  uint32_t* w = nullptr;    // parameters
+  uint32_t* acc = nullptr;  // gradient accumulator
+  // allocated during capture, as PyTorch's graph pools are
+  uint32_t* act = nullptr;  // saved activation: written by forward, read by backward
+  uint32_t* y = nullptr;
+  uint32_t* gx = nullptr;
+  uint32_t* gw = nullptr;
+  cudaGraphExec_t forward = nullptr;
+  cudaGraphExec_t backward = nullptr;
+};
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+struct Launcher {
+  dim3 grid, block{256};
+  cudaStream_t stream;
+  Launcher(uint32_t n, cudaStream_t s) : grid((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), stream(s) {}
+  void operator()(const void* kernel, std::initializer_list<void*> args) const {
+    std::vector<void*> a(args);
+    CHECK(cudaLaunchKernel(kernel, grid, block, a.data(), 0, stream));
+  }
+};
+
+// cudaMalloc with the thread's capture mode relaxed, as PyTorch's caching allocator does.
+uint32_t* malloc_during_capture(size_t bytes) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, bytes));
+  CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  return static_cast<uint32_t*>(p);
+}
+
+template <class Body>
+cudaGraphExec_t capture(cudaStream_t s, Body body) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  body();
+  CHECK(cudaStreamEndCapture(s, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const size_t bytes = size_t{o.elems} * sizeof(uint32_t);
+  CHECK(cudaSetDevice(o.device));
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const Launcher launch(o.elems, s);
+  uint32_t n = o.elems;
+
+  size_t free_start = 0, total = 0;
+  CHECK(cudaMemGetInfo(&free_start, &total));
+
+  std::vector<Layer> layers(static_cast<size_t>(o.layers));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Layer& L = layers[l];
+    for (uint32_t** p : {&L.x, &L.gy, &L.w, &L.acc}) CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
+    uint32_t wseed = o.seed * 7919u + static_cast<uint32_t>(l);
+    launch((const void*)fill_kernel, {&L.w, &wseed, &n});
+    CHECK(cudaMemsetAsync(L.acc, 0, bytes, s));
+    CHECK(cudaMemsetAsync(L.x, 0, bytes, s));
+    CHECK(cudaMemsetAsync(L.gy, 0, bytes, s));
+  }
+  int captured_allocations = 0;
+  for (Layer& L : layers) {
+    L.forward = capture(s, [&] {
+      L.act = malloc_during_capture(bytes);
+      L.y = malloc_during_capture(bytes);
+      captured_allocations += 2;
+      launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n});
+    });
+    L.backward = capture(s, [&] {
+      L.gx = malloc_during_capture(bytes);
+      L.gw = malloc_during_capture(bytes);
+      captured_allocations += 2;
+      launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n});
+    });
+  }
+
+  uint32_t* host = nullptr;
+  CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), bytes));
+  if (!o.quiet) {
+    std::printf("train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d\n",
+                o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
+  }
+
+  uint64_t checksum = 1469598103934665603ull;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < o.steps; ++step) {
+    uint32_t data_seed = o.seed * 104729u + static_cast<uint32_t>(step);
+    launch((const void*)fill_kernel, {&layers[0].x, &data_seed, &n});
+    for (size_t l = 0; l < layers.size(); ++l) {
+      CHECK(cudaGraphLaunch(layers[l].forward, s));
+      if (l + 1 < layers.size()) {
+        CHECK(cudaMemcpyAsync(layers[l + 1].x, layers[l].y, bytes, cudaMemcpyDeviceToDevice, s));
+      }
+    }
+    Layer& last = layers.back();
+    launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+    for (size_t l = layers.size(); l-- > 0;) {
+      CHECK(cudaGraphLaunch(layers[l].backward, s));
+      launch((const void*)accumulate_kernel, {&layers[l].acc, &layers[l].gw, &n});
+      if (l > 0) CHECK(cudaMemcpyAsync(layers[l - 1].gy, layers[l].gx, bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
+    CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    const uint64_t loss = fnv1a(1469598103934665603ull, host, bytes);
+    checksum = fnv1a(checksum, &loss, sizeof(loss));
+    if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (Layer& L : layers) {
+    CHECK(cudaMemcpy(host, L.w, bytes, cudaMemcpyDeviceToHost));
+    checksum = fnv1a(checksum, host, bytes);
+  }
+
+  size_t free_end = 0;
+  CHECK(cudaMemGetInfo(&free_end, &total));
+  if (!o.quiet) {
+    std::printf("graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
+                2 * o.layers, 2 * o.layers * o.steps, captured_allocations,
+                static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
+    std::printf("device memory in use: %.1f MiB (cudaMemGetInfo); %.3f s, %.2f ms/step\n",
+                static_cast<double>(free_start - free_end) / (1 << 20), seconds, 1e3 * seconds / o.steps);
+  }
+  std::printf("checksum 0x%016" PRIx64 "\n", checksum);
+
+  for (Layer& L : layers) {
+    CHECK(cudaGraphExecDestroy(L.forward));
+    CHECK(cudaGraphExecDestroy(L.backward));
+    for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
+  }
+  CHECK(cudaFreeHost(host));
+  CHECK(cudaStreamDestroy(s));
+  return 0;
+}

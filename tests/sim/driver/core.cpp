@@ -1,0 +1,362 @@
+// Simulated driver: initialization, devices, primary contexts, errors, fault injection.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "state.h"
+
+namespace vsim {
+
+thread_local bool tls_in_host_fn = false;
+thread_local bool tls_null_is_per_thread = false;
+
+namespace {
+
+std::atomic<bool> g_initialized{false};
+thread_local Context* tls_context = nullptr;
+
+// Parses "16GiB", "512MiB", "1048576".
+size_t parse_bytes(const std::string& text, size_t fallback) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str()) return fallback;
+  const std::string unit(end);
+  if (unit.empty() || unit == "B") return v;
+  if (unit == "KiB") return v << 10;
+  if (unit == "MiB") return v << 20;
+  if (unit == "GiB") return v << 30;
+  return fallback;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection
+// ---------------------------------------------------------------------------------------------
+
+struct Armed {
+  unsigned long long remaining;
+  int error;
+};
+
+std::mutex& fault_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_map<std::string, Armed>& armed_faults() {
+  static auto* m = new std::unordered_map<std::string, Armed>;
+  return *m;
+}
+std::atomic<bool> g_any_armed{false};
+
+// VASWAP_SIM_FAULTS="cuMemMap:3:2,cudaMalloc:1:2": function, nth call, error code.
+void arm_faults_from_env() {
+  const char* spec = std::getenv("VASWAP_SIM_FAULTS");
+  if (spec == nullptr) return;
+  std::string s(spec);
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    const std::string item = s.substr(at, comma - at);
+    const size_t c1 = item.find(':');
+    const size_t c2 = c1 == std::string::npos ? c1 : item.find(':', c1 + 1);
+    if (c2 != std::string::npos) {
+      vaswapSimInjectFault(item.substr(0, c1).c_str(),
+                           std::strtoull(item.c_str() + c1 + 1, nullptr, 10),
+                           static_cast<int>(std::strtol(item.c_str() + c2 + 1, nullptr, 10)));
+    }
+    at = comma + 1;
+  }
+}
+
+}  // namespace
+
+bool initialized() { return g_initialized.load(std::memory_order_acquire); }
+
+CUresult fault_check(const char* function) {
+  return static_cast<CUresult>(vaswapSimFaultCheck(function));
+}
+
+std::vector<Device>& devices() {
+  static auto* d = new std::vector<Device>();
+  return *d;
+}
+
+int device_count() { return static_cast<int>(devices().size()); }
+
+Context* current_context() { return tls_context; }
+
+CUresult current_device(int* device) {
+  if (tls_context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = tls_context->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult charge_physical(int device, size_t bytes) {
+  Device& d = devices()[static_cast<size_t>(device)];
+  size_t used = d.physical_bytes.load();
+  do {
+    if (used + bytes > d.capacity_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  } while (!d.physical_bytes.compare_exchange_weak(used, used + bytes));
+  return CUDA_SUCCESS;
+}
+
+void refund_physical(int device, size_t bytes) {
+  devices()[static_cast<size_t>(device)].physical_bytes.fetch_sub(bytes);
+}
+
+}  // namespace vsim
+
+using namespace vsim;
+
+// -----------------------------------------------------------------------------------------------
+// Simulator controls
+// -----------------------------------------------------------------------------------------------
+
+extern "C" int vaswapSimInjectFault(const char* function, unsigned long long nth, int error) {
+  if (function == nullptr || nth == 0 || error == 0) return 1;
+  std::lock_guard<std::mutex> lock(fault_mutex());
+  armed_faults()[function] = Armed{nth, error};
+  g_any_armed.store(true);
+  return 0;
+}
+
+extern "C" void vaswapSimClearFaults(void) {
+  std::lock_guard<std::mutex> lock(fault_mutex());
+  armed_faults().clear();
+  g_any_armed.store(false);
+}
+
+extern "C" int vaswapSimFaultCheck(const char* function) {
+  if (!g_any_armed.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(fault_mutex());
+  auto it = armed_faults().find(function);
+  if (it == armed_faults().end()) return 0;
+  if (--it->second.remaining > 0) return 0;
+  const int error = it->second.error;
+  armed_faults().erase(it);
+  g_any_armed.store(!armed_faults().empty());
+  return error;
+}
+
+extern "C" unsigned long long vaswapSimPhysicalBytes(int device) {
+  if (device < 0 || device >= device_count()) return 0;
+  return devices()[static_cast<size_t>(device)].physical_bytes.load();
+}
+
+// -----------------------------------------------------------------------------------------------
+// Initialization and devices
+// -----------------------------------------------------------------------------------------------
+
+// VASWAP_SIM_DEVICES: number of devices (default 2).
+// VASWAP_SIM_DEVICE_MEMORY: capacity of each device, one value or a comma list (default 16GiB).
+CUresult CUDAAPI cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    arm_faults_from_env();
+    int count = 2;
+    if (const char* n = std::getenv("VASWAP_SIM_DEVICES")) count = std::atoi(n);
+    if (count < 0) count = 0;
+    std::vector<std::string> caps;
+    if (const char* m = std::getenv("VASWAP_SIM_DEVICE_MEMORY")) {
+      std::string s(m);
+      size_t at = 0;
+      while (at <= s.size()) {
+        size_t comma = s.find(',', at);
+        if (comma == std::string::npos) comma = s.size();
+        caps.push_back(s.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
+    std::vector<Device> devs(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      devs[static_cast<size_t>(i)].ordinal = i;
+      const std::string& cap = caps.empty() ? std::string("16GiB")
+                                            : caps[std::min(caps.size() - 1, size_t(i))];
+      devs[static_cast<size_t>(i)].capacity_bytes = parse_bytes(cap, size_t{16} << 30);
+      devs[static_cast<size_t>(i)].primary.device = i;
+    }
+    devices().swap(devs);
+    g_initialized.store(true, std::memory_order_release);
+  });
+  if (CUresult f = fault_check(__func__)) return f;
+  return device_count() == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int* count) {
+  SIM_ENTER();
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = device_count();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
+  SIM_ENTER();
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice dev) {
+  SIM_ENTER();
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<size_t>(len), "vaswap simulated device %d", dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  SIM_ENTER();
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = devices()[static_cast<size_t>(dev)].capacity_bytes;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
+  SIM_ENTER();
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *value = 2; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
+    default: *value = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  SIM_ENTER();
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  std::memset(uuid->bytes, 0, sizeof(uuid->bytes));
+  std::memcpy(uuid->bytes, "VSIM", 4);
+  uuid->bytes[15] = static_cast<char>(dev);
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Primary contexts. The simulator has exactly one context per device.
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  SIM_ENTER();
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = devices()[static_cast<size_t>(dev)].primary;
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  ++ctx.retains;
+  *pctx = reinterpret_cast<CUcontext>(&ctx);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  SIM_ENTER();
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = devices()[static_cast<size_t>(dev)].primary;
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  if (ctx.retains == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --ctx.retains;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  SIM_ENTER();
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = devices()[static_cast<size_t>(dev)].primary.retains > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+static Context* context_from_handle(CUcontext h) {
+  auto* ctx = reinterpret_cast<Context*>(h);
+  for (auto& d : devices()) {
+    if (&d.primary == ctx) return ctx;
+  }
+  return nullptr;
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  SIM_ENTER();
+  if (ctx == nullptr) {
+    tls_context = nullptr;
+    return CUDA_SUCCESS;
+  }
+  Context* c = context_from_handle(ctx);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  tls_context = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
+  SIM_ENTER();
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = reinterpret_cast<CUcontext>(tls_context);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) { return cuCtxSetCurrent(ctx); }
+
+CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  SIM_ENTER();
+  if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(tls_context);
+  tls_context = nullptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  SIM_ENTER();
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return current_device(device);
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  SIM_ENTER();
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  SIM_TRY(check_capture_safety());
+  synchronize_device(dev);
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Errors
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
+  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define SIM_ERROR(cu, rt, text) \
+  case cu: *str = #cu; return CUDA_SUCCESS;
+#include "vaswap_sim/errors.def"
+#undef SIM_ERROR
+    default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char** str) {
+  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define SIM_ERROR(cu, rt, text) \
+  case cu: *str = text; return CUDA_SUCCESS;
+#include "vaswap_sim/errors.def"
+#undef SIM_ERROR
+    default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
+  }
+}

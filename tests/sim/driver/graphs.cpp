@@ -1,0 +1,395 @@
+// Simulated driver: graphs, nodes, instantiation and launch.
+//
+// A graph executes its nodes one after another in insertion order, which is a topological order
+// (a node's dependencies must exist before it). An executable graph is a deep copy taken at
+// instantiation, so later edits or destruction of the source graph do not affect it.
+#include <algorithm>
+
+#include "state.h"
+
+namespace vsim {
+
+namespace {
+
+std::mutex& graph_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::set<Graph*>& graph_registry() {
+  static auto* s = new std::set<Graph*>;
+  return *s;
+}
+std::unordered_map<GraphExec*, std::shared_ptr<GraphExec>>& exec_registry() {
+  static auto* m = new std::unordered_map<GraphExec*, std::shared_ptr<GraphExec>>;
+  return *m;
+}
+
+void point_extra_at_args(Node* n) {
+  n->extra_size = n->args.size();
+  n->extra = {CU_LAUNCH_PARAM_BUFFER_POINTER, n->args.data(), CU_LAUNCH_PARAM_BUFFER_SIZE,
+              &n->extra_size, CU_LAUNCH_PARAM_END};
+}
+
+void rebind_kernel_args(Node* n) {
+  if (n->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
+  const vaswap_sim_kernel_desc* d = n->function->desc;
+  n->arg_ptrs.assign(d->num_params, nullptr);
+  for (uint32_t i = 0; i < d->num_params; ++i) n->arg_ptrs[i] = n->args.data() + d->param_offsets[i];
+  if (n->via_extra) point_extra_at_args(n);
+}
+
+}  // namespace
+
+void register_graph(Graph* g) {
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  graph_registry().insert(g);
+}
+
+Graph* lookup_graph(CUgraph h) {
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto* g = reinterpret_cast<Graph*>(h);
+  return graph_registry().count(g) ? g : nullptr;
+}
+
+Node* lookup_node(CUgraphNode h) {
+  auto* n = reinterpret_cast<Node*>(h);
+  return n != nullptr && n->magic == Node::kMagic ? n : nullptr;
+}
+
+std::unique_ptr<Node> Node::clone(Graph* new_owner,
+                                  const std::unordered_map<const Node*, Node*>& remap) const {
+  auto n = std::make_unique<Node>();
+  n->type = type;
+  n->owner = new_owner;
+  for (Node* d : deps) n->deps.push_back(remap.at(d));
+  n->function = function;
+  n->dims = dims;
+  n->args = args;
+  n->via_extra = via_extra;
+  n->copy = copy;
+  n->memset = memset;
+  n->host_fn = host_fn;
+  n->host_data = host_data;
+  if (child) n->child = child->clone();
+  rebind_kernel_args(n.get());
+  return n;
+}
+
+void Node::run() const {
+  switch (type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: function->desc->entry(args.data(), &dims); break;
+    case CU_GRAPH_NODE_TYPE_MEMCPY: run_copy(copy); break;
+    case CU_GRAPH_NODE_TYPE_MEMSET: run_memset(memset); break;
+    case CU_GRAPH_NODE_TYPE_HOST:
+      tls_in_host_fn = true;
+      host_fn(host_data);
+      tls_in_host_fn = false;
+      break;
+    case CU_GRAPH_NODE_TYPE_GRAPH: child->run(); break;
+    default: break;
+  }
+}
+
+std::unique_ptr<Graph> Graph::clone() const {
+  auto g = std::make_unique<Graph>();
+  std::unordered_map<const Node*, Node*> remap;
+  for (const auto& n : nodes) {
+    g->nodes.push_back(n->clone(g.get(), remap));
+    remap[n.get()] = g->nodes.back().get();
+  }
+  return g;
+}
+
+Node* Graph::add(std::unique_ptr<Node> node, const CUgraphNode* deps, size_t num_deps) {
+  node->owner = this;
+  node->deps.clear();
+  for (size_t i = 0; i < num_deps; ++i) node->deps.push_back(reinterpret_cast<Node*>(deps[i]));
+  rebind_kernel_args(node.get());
+  nodes.push_back(std::move(node));
+  return nodes.back().get();
+}
+
+void Graph::run() const {
+  for (const auto& n : nodes) n->run();
+}
+
+}  // namespace vsim
+
+using namespace vsim;
+
+static bool deps_belong(Graph* g, const CUgraphNode* deps, size_t n) {
+  if (n > 0 && deps == nullptr) return false;
+  for (size_t i = 0; i < n; ++i) {
+    Node* d = lookup_node(deps[i]);
+    if (d == nullptr || d->owner != g) return false;
+  }
+  return true;
+}
+
+static CUresult add_node(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                         std::unique_ptr<Node> node) {
+  Graph* g = lookup_graph(hg);
+  if (out == nullptr || g == nullptr || !deps_belong(g, deps, n)) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraphNode>(g->add(std::move(node), deps, n));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphCreate(CUgraph* ph, unsigned int flags) {
+  SIM_ENTER();
+  if (ph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* g = new Graph;
+  register_graph(g);
+  *ph = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
+  SIM_ENTER();
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto* g = reinterpret_cast<Graph*>(hg);
+  if (graph_registry().erase(g) == 0) return CUDA_ERROR_INVALID_VALUE;
+  delete g;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n) {
+  SIM_ENTER();
+  return add_node(out, hg, deps, n, std::make_unique<Node>());
+}
+
+CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                         size_t n, const CUDA_KERNEL_NODE_PARAMS* p) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const vaswap_sim_dims dims{{p->gridDimX, p->gridDimY, p->gridDimZ},
+                             {p->blockDimX, p->blockDimY, p->blockDimZ},
+                             p->sharedMemBytes};
+  std::unique_ptr<Node> node;
+  SIM_TRY(make_kernel_node(p->func, dims, p->kernelParams, p->extra, &node));
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                      size_t n, const CUDA_MEMCPY3D* copy, CUcontext ctx) {
+  SIM_ENTER();
+  (void)ctx;
+  if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  node->copy = *copy;
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                      size_t n, const CUDA_MEMSET_NODE_PARAMS* params, CUcontext ctx) {
+  SIM_ENTER();
+  (void)ctx;
+  if (params == nullptr ||
+      (params->elementSize != 1 && params->elementSize != 2 && params->elementSize != 4)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMSET;
+  node->memset = *params;
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphAddHostNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                    const CUDA_HOST_NODE_PARAMS* params) {
+  SIM_ENTER();
+  if (params == nullptr || params->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_HOST;
+  node->host_fn = params->fn;
+  node->host_data = params->userData;
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                          size_t n, CUgraph child) {
+  SIM_ENTER();
+  Graph* c = lookup_graph(child);
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_GRAPH;
+  node->child = c->clone();  // CUDA embeds a copy of the child graph
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphGetNodes(CUgraph hg, CUgraphNode* nodes, size_t* count) {
+  SIM_ENTER();
+  Graph* g = lookup_graph(hg);
+  if (g == nullptr || count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (nodes == nullptr) {
+    *count = g->nodes.size();
+    return CUDA_SUCCESS;
+  }
+  const size_t n = std::min(*count, g->nodes.size());
+  for (size_t i = 0; i < n; ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
+  for (size_t i = n; i < *count; ++i) nodes[i] = nullptr;
+  *count = n;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hn, CUgraphNodeType* type) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *type = n->type;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeGetDependencies_v2(CUgraphNode hn, CUgraphNode* deps,
+                                               CUgraphEdgeData* edge_data, size_t* count) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (deps == nullptr) {
+    *count = n->deps.size();
+    return CUDA_SUCCESS;
+  }
+  const size_t k = std::min(*count, n->deps.size());
+  for (size_t i = 0; i < k; ++i) {
+    deps[i] = reinterpret_cast<CUgraphNode>(n->deps[i]);
+    if (edge_data != nullptr) edge_data[i] = CUgraphEdgeData{};
+  }
+  *count = k;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA_KERNEL_NODE_PARAMS* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *p = CUDA_KERNEL_NODE_PARAMS{};
+  p->func = reinterpret_cast<CUfunction>(n->function);
+  p->gridDimX = n->dims.grid[0];
+  p->gridDimY = n->dims.grid[1];
+  p->gridDimZ = n->dims.grid[2];
+  p->blockDimX = n->dims.block[0];
+  p->blockDimY = n->dims.block[1];
+  p->blockDimZ = n->dims.block[2];
+  p->sharedMemBytes = n->dims.shared_bytes;
+  // The form the launch used: kernelParams, or the packed `extra` buffer (as cuBLAS launches).
+  if (n->via_extra) {
+    p->extra = n->extra.data();
+  } else {
+    p->kernelParams = n->arg_ptrs.data();
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphMemcpyNodeGetParams(CUgraphNode hn, CUDA_MEMCPY3D* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEMCPY) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *p = n->copy;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode hn, CUDA_MEMSET_NODE_PARAMS* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEMSET) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *p = n->memset;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hn, CUDA_HOST_NODE_PARAMS* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  p->fn = n->host_fn;
+  p->userData = n->host_data;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hn, CUgraph* out) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || out == nullptr || n->type != CU_GRAPH_NODE_TYPE_GRAPH) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The embedded graph is owned by the node; register it so queries on it work.
+  register_graph(n->child.get());
+  *out = reinterpret_cast<CUgraph>(n->child.get());
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Instantiation and launch
+// -----------------------------------------------------------------------------------------------
+
+static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+  Graph* g = lookup_graph(hg);
+  if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  constexpr unsigned long long kKnown =
+      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+      CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  auto exec = std::make_shared<GraphExec>();
+  exec->graph = std::shared_ptr<Graph>(g->clone().release());
+  exec->device = dev;
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  exec_registry()[exec.get()] = exec;
+  *out = reinterpret_cast<CUgraphExec>(exec.get());
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+  SIM_ENTER();
+  return instantiate(out, hg, flags);
+}
+
+CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph hg,
+                                              CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  SIM_ENTER();
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult rc = instantiate(out, hg, params->flags);
+  params->hErrNode_out = nullptr;
+  params->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  return rc;
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
+  SIM_ENTER();
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  // A launch still in flight keeps its own reference; destruction completes after it.
+  return exec_registry().erase(reinterpret_cast<GraphExec*>(he)) ? CUDA_SUCCESS
+                                                                  : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {
+  SIM_ENTER();
+  std::shared_ptr<GraphExec> exec;
+  {
+    std::lock_guard<std::mutex> lock(graph_mutex());
+    auto it = exec_registry().find(reinterpret_cast<GraphExec*>(he));
+    if (it == exec_registry().end()) return CUDA_ERROR_INVALID_VALUE;
+    exec = it->second;
+  }
+  // Launched into a capture, a graph becomes a child-graph node; otherwise it runs as one
+  // stream operation. The node keeps the executable alive until it has run.
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_GRAPH;
+  node->child = exec->graph;
+  return submit(hs, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphUpload(CUgraphExec he, CUstream hs) {
+  SIM_ENTER();
+  (void)hs;
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  return exec_registry().count(reinterpret_cast<GraphExec*>(he)) ? CUDA_SUCCESS
+                                                                 : CUDA_ERROR_INVALID_VALUE;
+}

@@ -1,0 +1,639 @@
+// Simulated driver: device and pinned host allocations, VMM, copies, memsets, pointer queries.
+//
+// Device memory is host memory. cuMemAlloc maps anonymous pages; VMM is built on mmap:
+//   reserve  = mmap(PROT_NONE)             physical handle = memfd
+//   map      = mmap(MAP_FIXED|MAP_SHARED)  set access      = mprotect
+//   unmap    = back to PROT_NONE anonymous pages
+// so a touch of an unmapped VA faults (SIGSEGV), as a GPU faults with an illegal address, and a
+// remap of another handle at the same VA shows that handle's contents. Physical bytes (what
+// cuMemGetInfo reports as used) are charged per allocation, rounded to the 2 MiB granularity.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "state.h"
+
+namespace vsim {
+
+namespace {
+
+enum class Kind { kDevice, kHost, kReservation };
+
+struct Range {
+  Kind kind;
+  size_t bytes;
+  int device;
+  unsigned flags;
+  size_t charged;  // physical bytes charged to the device
+};
+
+struct PhysicalHandle {
+  int fd = -1;
+  size_t bytes = 0;
+  int device = 0;
+  int mappings = 0;
+  bool released = false;
+};
+
+struct Mapping {
+  size_t bytes;
+  PhysicalHandle* handle;
+  size_t offset;
+  int prot;
+};
+
+std::mutex& memory_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::map<uintptr_t, Range>& ranges() {  // allocations and reservations by start address
+  static auto* m = new std::map<uintptr_t, Range>;
+  return *m;
+}
+std::map<uintptr_t, Mapping>& mappings() {  // VMM mappings by start address
+  static auto* m = new std::map<uintptr_t, Mapping>;
+  return *m;
+}
+std::unordered_map<CUmemGenericAllocationHandle, PhysicalHandle*>& handles() {
+  static auto* m = new std::unordered_map<CUmemGenericAllocationHandle, PhysicalHandle*>;
+  return *m;
+}
+
+// The range that contains [p, p + bytes), or ranges().end(). Caller holds memory_mutex().
+std::map<uintptr_t, Range>::iterator find_range(uintptr_t p, size_t bytes = 1) {
+  auto& r = ranges();
+  auto it = r.upper_bound(p);
+  if (it == r.begin()) return r.end();
+  --it;
+  if (p + bytes > it->first + it->second.bytes) return r.end();
+  return it;
+}
+
+void* map_anonymous(size_t bytes, int prot) {
+  void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+CUresult alloc_device(CUdeviceptr* dptr, size_t bytes, int device) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const size_t charged = round_up(bytes, kGranularity);
+  SIM_TRY(charge_physical(device, charged));
+  void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
+  if (p == nullptr) {
+    refund_physical(device, charged);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  ranges()[reinterpret_cast<uintptr_t>(p)] = Range{Kind::kDevice, bytes, device, 0, charged};
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult free_range(uintptr_t p, Kind kind) {
+  Range r{};
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    auto it = ranges().find(p);
+    if (it == ranges().end() || it->second.kind != kind) return CUDA_ERROR_INVALID_VALUE;
+    r = it->second;
+    ranges().erase(it);
+  }
+  munmap(reinterpret_cast<void*>(p), round_up(r.bytes, kPage));
+  if (r.charged != 0) refund_physical(r.device, r.charged);
+  return CUDA_SUCCESS;
+}
+
+CUmemorytype memory_type(uintptr_t p) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = find_range(p);
+  if (it == ranges().end()) return CU_MEMORYTYPE_HOST;  // pageable host memory
+  return it->second.kind == Kind::kHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+}
+
+void release_if_unused(PhysicalHandle* h) {  // caller holds memory_mutex()
+  if (!h->released || h->mappings > 0) return;
+  close(h->fd);
+  refund_physical(h->device, h->bytes);
+  delete h;
+}
+
+}  // namespace
+
+CUDA_MEMCPY3D linear_copy(void* dst, CUmemorytype dst_type, const void* src, CUmemorytype src_type,
+                          size_t bytes) {
+  CUDA_MEMCPY3D c{};
+  c.srcMemoryType = src_type;
+  c.dstMemoryType = dst_type;
+  if (src_type == CU_MEMORYTYPE_HOST) {
+    c.srcHost = src;
+  } else {
+    c.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+  }
+  if (dst_type == CU_MEMORYTYPE_HOST) {
+    c.dstHost = dst;
+  } else {
+    c.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+  }
+  c.WidthInBytes = bytes;
+  c.Height = 1;
+  c.Depth = 1;
+  return c;
+}
+
+static const char* copy_base(CUmemorytype t, const void* host, CUdeviceptr dev) {
+  return t == CU_MEMORYTYPE_HOST ? static_cast<const char*>(host) : reinterpret_cast<const char*>(dev);
+}
+
+void run_copy(const CUDA_MEMCPY3D& c) {
+  const char* src = copy_base(c.srcMemoryType, c.srcHost, c.srcDevice);
+  char* dst = const_cast<char*>(copy_base(c.dstMemoryType, c.dstHost, c.dstDevice));
+  const size_t height = c.Height ? c.Height : 1;
+  const size_t depth = c.Depth ? c.Depth : 1;
+  const size_t src_pitch = c.srcPitch ? c.srcPitch : c.WidthInBytes;
+  const size_t dst_pitch = c.dstPitch ? c.dstPitch : c.WidthInBytes;
+  const size_t src_slice = (c.srcHeight ? c.srcHeight : height) * src_pitch;
+  const size_t dst_slice = (c.dstHeight ? c.dstHeight : height) * dst_pitch;
+  src += c.srcXInBytes + c.srcY * src_pitch + c.srcZ * src_slice;
+  dst += c.dstXInBytes + c.dstY * dst_pitch + c.dstZ * dst_slice;
+  for (size_t z = 0; z < depth; ++z) {
+    for (size_t y = 0; y < height; ++y) {
+      std::memmove(dst + z * dst_slice + y * dst_pitch, src + z * src_slice + y * src_pitch,
+                   c.WidthInBytes);
+    }
+  }
+}
+
+void run_memset(const CUDA_MEMSET_NODE_PARAMS& m) {
+  char* base = reinterpret_cast<char*>(m.dst);
+  const size_t height = m.height ? m.height : 1;
+  const size_t pitch = m.pitch ? m.pitch : m.width * m.elementSize;
+  for (size_t y = 0; y < height; ++y) {
+    char* row = base + y * pitch;
+    for (size_t x = 0; x < m.width; ++x) {
+      switch (m.elementSize) {
+        case 1: row[x] = static_cast<char>(m.value); break;
+        case 2: {
+          const auto v = static_cast<uint16_t>(m.value);
+          std::memcpy(row + 2 * x, &v, 2);
+          break;
+        }
+        default: std::memcpy(row + 4 * x, &m.value, 4); break;
+      }
+    }
+  }
+}
+
+}  // namespace vsim
+
+using namespace vsim;
+
+// -----------------------------------------------------------------------------------------------
+// Device allocations
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  SIM_ENTER();
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  SIM_TRY(check_capture_safety());
+  return alloc_device(dptr, bytes, dev);
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  SIM_ENTER();
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  SIM_TRY(check_capture_safety());
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    auto it = ranges().find(static_cast<uintptr_t>(dptr));
+    if (it == ranges().end() || it->second.kind != Kind::kDevice) return CUDA_ERROR_INVALID_VALUE;
+    dev = it->second.device;
+  }
+  synchronize_device(dev);  // cuMemFree synchronizes, as on a GPU
+  return free_range(static_cast<uintptr_t>(dptr), Kind::kDevice);
+}
+
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  std::shared_ptr<Stream> s;
+  SIM_TRY(resolve_stream(hs, &s));
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    if (s->capture != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // no memory nodes (see docs)
+  }
+  return alloc_device(dptr, bytes, s->device);
+}
+
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hs) {
+  SIM_ENTER();
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    auto it = ranges().find(static_cast<uintptr_t>(dptr));
+    if (it == ranges().end() || it->second.kind != Kind::kDevice) return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_HOST;
+  node->host_fn = [](void* p) { free_range(reinterpret_cast<uintptr_t>(p), Kind::kDevice); };
+  node->host_data = reinterpret_cast<void*>(dptr);
+  return submit(hs, std::move(node));
+}
+
+CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  SIM_ENTER();
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  const Device& d = devices()[static_cast<size_t>(dev)];
+  *total_bytes = d.capacity_bytes;
+  *free_bytes = d.capacity_bytes - d.physical_bytes.load();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* bytes, CUdeviceptr dptr) {
+  SIM_ENTER();
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = find_range(static_cast<uintptr_t>(dptr));
+  if (it == ranges().end() || it->second.kind != Kind::kDevice) return CUDA_ERROR_NOT_FOUND;
+  if (base != nullptr) *base = static_cast<CUdeviceptr>(it->first);
+  if (bytes != nullptr) *bytes = it->second.bytes;
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Pinned host memory
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  SIM_ENTER();
+  constexpr unsigned kKnown = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                              CU_MEMHOSTALLOC_WRITECOMBINED;
+  if (pp == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  SIM_TRY(check_capture_safety());
+  void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  ranges()[reinterpret_cast<uintptr_t>(p)] = Range{Kind::kHost, bytes, dev, flags, 0};
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytes) { return cuMemHostAlloc(pp, bytes, 0); }
+
+CUresult CUDAAPI cuMemFreeHost(void* p) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  return free_range(reinterpret_cast<uintptr_t>(p), Kind::kHost);
+}
+
+CUresult CUDAAPI cuMemHostGetFlags(unsigned int* flags, void* p) {
+  SIM_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = find_range(reinterpret_cast<uintptr_t>(p));
+  if (it == ranges().end() || it->second.kind != Kind::kHost) return CUDA_ERROR_INVALID_VALUE;
+  *flags = it->second.flags;
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Pointer attributes
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  SIM_ENTER();
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const auto p = static_cast<uintptr_t>(ptr);
+  uintptr_t start = 0;
+  size_t bytes = 0;
+  int device = 0;
+  CUmemorytype type = CU_MEMORYTYPE_DEVICE;
+  auto mit = mappings().upper_bound(p);
+  if (mit != mappings().begin() && p < std::prev(mit)->first + std::prev(mit)->second.bytes) {
+    --mit;
+    start = mit->first;
+    bytes = mit->second.bytes;
+    device = mit->second.handle->device;
+  } else {
+    auto it = find_range(p);
+    if (it == ranges().end() || it->second.kind == Kind::kReservation) {
+      return CUDA_ERROR_INVALID_VALUE;  // unregistered host memory or an unmapped VA
+    }
+    start = it->first;
+    bytes = it->second.bytes;
+    device = it->second.device;
+    type = it->second.kind == Kind::kHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  }
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = type; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = device; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = ptr; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<void**>(data) = type == CU_MEMORYTYPE_HOST ? reinterpret_cast<void*>(ptr) : nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = start; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = bytes; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Virtual memory management
+// -----------------------------------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                               CUmemAllocationGranularity_flags option) {
+  SIM_ENTER();
+  (void)option;  // minimum and recommended granularity are both 2 MiB
+  if (granularity == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (prop->location.id < 0 || prop->location.id >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t bytes, size_t alignment,
+                                     CUdeviceptr addr, unsigned long long flags) {
+  SIM_ENTER();
+  (void)addr;  // a hint only
+  if (ptr == nullptr || bytes == 0 || bytes % kGranularity != 0 || flags != 0 ||
+      (alignment & (alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  SIM_TRY(check_capture_safety());
+  const size_t align = std::max(alignment, kGranularity);
+  char* raw = static_cast<char*>(map_anonymous(bytes + align, PROT_NONE));
+  if (raw == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto start = round_up(reinterpret_cast<uintptr_t>(raw), align);
+  const size_t head = start - reinterpret_cast<uintptr_t>(raw);
+  if (head > 0) munmap(raw, head);
+  if (align - head > 0) munmap(reinterpret_cast<char*>(start) + bytes, align - head);
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  ranges()[start] = Range{Kind::kReservation, bytes, -1, 0, 0};
+  *ptr = static_cast<CUdeviceptr>(start);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t bytes) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const auto p = static_cast<uintptr_t>(ptr);
+  auto it = ranges().find(p);
+  if (it == ranges().end() || it->second.kind != Kind::kReservation || it->second.bytes != bytes) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto m = mappings().lower_bound(p);
+  if (m != mappings().end() && m->first < p + bytes) return CUDA_ERROR_ILLEGAL_STATE;  // still mapped
+  munmap(reinterpret_cast<void*>(p), bytes);
+  ranges().erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                             const CUmemAllocationProp* prop, unsigned long long flags) {
+  SIM_ENTER();
+  if (handle == nullptr || prop == nullptr || flags != 0 || bytes == 0 || bytes % kGranularity != 0 ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (prop->location.id < 0 || prop->location.id >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(charge_physical(prop->location.id, bytes));
+  const int fd = memfd_create("vaswap-sim-physical", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    if (fd >= 0) close(fd);
+    refund_physical(prop->location.id, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto* h = new PhysicalHandle{fd, bytes, prop->location.id, 0, false};
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const auto id = reinterpret_cast<CUmemGenericAllocationHandle>(h);
+  handles()[id] = h;
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = handles().find(handle);
+  if (it == handles().end()) return CUDA_ERROR_INVALID_VALUE;
+  PhysicalHandle* h = it->second;
+  handles().erase(it);
+  h->released = true;
+  release_if_unused(h);  // physical memory goes once the last mapping is gone too
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  SIM_ENTER();
+  const auto p = static_cast<uintptr_t>(ptr);
+  if (flags != 0 || bytes == 0 || p % kGranularity != 0 || bytes % kGranularity != 0 ||
+      offset % kGranularity != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  SIM_TRY(check_capture_safety());
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto hit = handles().find(handle);
+  if (hit == handles().end()) return CUDA_ERROR_INVALID_HANDLE;
+  PhysicalHandle* h = hit->second;
+  if (offset + bytes > h->bytes) return CUDA_ERROR_INVALID_VALUE;
+  auto r = find_range(p, bytes);
+  if (r == ranges().end() || r->second.kind != Kind::kReservation) return CUDA_ERROR_INVALID_VALUE;
+  auto m = mappings().lower_bound(p);
+  if (m != mappings().end() && m->first < p + bytes) return CUDA_ERROR_ALREADY_MAPPED;
+  if (m != mappings().begin() && std::prev(m)->first + std::prev(m)->second.bytes > p) {
+    return CUDA_ERROR_ALREADY_MAPPED;
+  }
+  void* at = mmap(reinterpret_cast<void*>(p), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd,
+                  static_cast<off_t>(offset));
+  if (at == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  ++h->mappings;
+  mappings()[p] = Mapping{bytes, h, offset, PROT_NONE};
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t bytes) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const auto p = static_cast<uintptr_t>(ptr);
+  // The range must be covered exactly by whole mappings.
+  std::vector<std::map<uintptr_t, Mapping>::iterator> covered;
+  uintptr_t at = p;
+  while (at < p + bytes) {
+    auto m = mappings().find(at);
+    if (m == mappings().end()) return CUDA_ERROR_INVALID_VALUE;
+    covered.push_back(m);
+    at += m->second.bytes;
+  }
+  if (at != p + bytes || covered.empty()) return CUDA_ERROR_INVALID_VALUE;
+  // Back to an inaccessible reservation: later touches fault.
+  void* res = mmap(reinterpret_cast<void*>(p), bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (res == MAP_FAILED) return CUDA_ERROR_UNKNOWN;
+  for (auto m : covered) {
+    PhysicalHandle* h = m->second.handle;
+    mappings().erase(m);
+    --h->mappings;
+    release_if_unused(h);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t bytes, const CUmemAccessDesc* desc,
+                                size_t count) {
+  SIM_ENTER();
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  SIM_TRY(check_capture_safety());
+  int prot = PROT_NONE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+        desc[i].location.id >= device_count()) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+  }
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const auto p = static_cast<uintptr_t>(ptr);
+  uintptr_t at = p;
+  std::vector<Mapping*> covered;
+  while (at < p + bytes) {
+    auto m = mappings().upper_bound(at);
+    if (m == mappings().begin()) return CUDA_ERROR_INVALID_VALUE;
+    --m;
+    if (at >= m->first + m->second.bytes) return CUDA_ERROR_INVALID_VALUE;  // a hole
+    covered.push_back(&m->second);
+    at = m->first + m->second.bytes;
+  }
+  if (covered.empty() || mprotect(reinterpret_cast<void*>(p), bytes, prot) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (Mapping* m : covered) m->prot = prot;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                        CUmemGenericAllocationHandle handle) {
+  SIM_ENTER();
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = handles().find(handle);
+  if (it == handles().end()) return CUDA_ERROR_INVALID_VALUE;
+  *prop = CUmemAllocationProp{};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = it->second->device;
+  return CUDA_SUCCESS;
+}
+
+// -----------------------------------------------------------------------------------------------
+// Copies and memsets. Synchronous forms run on the legacy stream and wait; they are "potentially
+// unsafe" during capture. Asynchronous forms become memcpy/memset nodes when captured.
+// -----------------------------------------------------------------------------------------------
+
+static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs, CUmemorytype dst_t,
+                           CUmemorytype src_t) {
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  node->copy = linear_copy(dst, dst_t, src, src_t, bytes);
+  return submit(hs, std::move(node));
+}
+
+static CUresult copy_sync(void* dst, const void* src, size_t bytes, CUmemorytype dst_t,
+                          CUmemorytype src_t) {
+  SIM_TRY(check_capture_safety());
+  // The null stream: legacy, or the per-thread stream when called through a _ptds entry point.
+  SIM_TRY(copy_async(dst, src, bytes, nullptr, dst_t, src_t));
+  return sync_or_query(nullptr, true);
+}
+
+static CUmemorytype unified_type(const void* p) {
+  return memory_type(reinterpret_cast<uintptr_t>(p)) == CU_MEMORYTYPE_DEVICE ? CU_MEMORYTYPE_DEVICE
+                                                                             : CU_MEMORYTYPE_HOST;
+}
+
+#define SIM_DPTR(p) reinterpret_cast<void*>(p)
+
+CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  return copy_async(SIM_DPTR(dst), SIM_DPTR(src), bytes, hs, unified_type(SIM_DPTR(dst)),
+                    unified_type(SIM_DPTR(src)));
+}
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  return copy_async(SIM_DPTR(dst), src, bytes, hs, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST);
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  return copy_async(dst, SIM_DPTR(src), bytes, hs, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE);
+}
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  return copy_async(SIM_DPTR(dst), SIM_DPTR(src), bytes, hs, CU_MEMORYTYPE_DEVICE,
+                    CU_MEMORYTYPE_DEVICE);
+}
+CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER();
+  return copy_sync(SIM_DPTR(dst), SIM_DPTR(src), bytes, unified_type(SIM_DPTR(dst)),
+                   unified_type(SIM_DPTR(src)));
+}
+CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+  SIM_ENTER();
+  return copy_sync(SIM_DPTR(dst), src, bytes, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST);
+}
+CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER();
+  return copy_sync(dst, SIM_DPTR(src), bytes, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE);
+}
+CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER();
+  return copy_sync(SIM_DPTR(dst), SIM_DPTR(src), bytes, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
+}
+
+static CUresult memset_async(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
+                             CUstream hs) {
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMSET;
+  node->memset.dst = dst;
+  node->memset.value = value;
+  node->memset.elementSize = element;
+  node->memset.width = count;
+  node->memset.height = 1;
+  return submit(hs, std::move(node));
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 1, n, hs);
+}
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 4, n, hs);
+}
+CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(memset_async(dst, v, 1, n, nullptr));
+  return sync_or_query(nullptr, true);
+}
+CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
+  SIM_ENTER();
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(memset_async(dst, v, 4, n, nullptr));
+  return sync_or_query(nullptr, true);
+}

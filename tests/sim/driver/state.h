@@ -1,0 +1,260 @@
+// Internal state of the simulated CUDA driver (libcuda.so.1 on host memory).
+//
+// Every handle the driver hands out is a pointer to one of the objects below, checked against a
+// live-set before use. Global state is deliberately leaked: stream threads may still run while
+// the process exits, and must never find a destroyed mutex.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "vaswap_sim/abi.h"
+
+namespace vsim {
+
+constexpr size_t kGranularity = size_t{2} << 20;  // VMM granularity, as on an H200
+constexpr size_t kPage = 4096;
+
+inline size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// ---------------------------------------------------------------------------------------------
+// Entry checks
+// ---------------------------------------------------------------------------------------------
+
+// True while a stream worker runs a host function: CUDA calls from there are not permitted.
+extern thread_local bool tls_in_host_fn;
+// Set by the _ptsz/_ptds entry points: the null stream means the per-thread stream.
+extern thread_local bool tls_null_is_per_thread;
+
+bool initialized();
+CUresult fault_check(const char* function);
+
+// Every public entry point starts with this: host-function rule, cuInit, fault injection.
+#define SIM_ENTER()                                                          \
+  do {                                                                       \
+    if (::vsim::tls_in_host_fn) return CUDA_ERROR_NOT_PERMITTED;             \
+    if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;           \
+    if (CUresult sim_fault_ = ::vsim::fault_check(__func__)) return sim_fault_; \
+  } while (0)
+
+#define SIM_TRY(expr)                           \
+  do {                                          \
+    if (CUresult sim_rc_ = (expr)) return sim_rc_; \
+  } while (0)
+
+struct PerThreadScope {
+  bool saved = tls_null_is_per_thread;
+  PerThreadScope() { tls_null_is_per_thread = true; }
+  ~PerThreadScope() { tls_null_is_per_thread = saved; }
+  PerThreadScope(const PerThreadScope&) = delete;
+  PerThreadScope& operator=(const PerThreadScope&) = delete;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Devices and contexts
+// ---------------------------------------------------------------------------------------------
+
+struct Stream;
+
+struct Context {
+  static constexpr uint32_t kMagic = 0x43545853;  // "SXTC"
+  uint32_t magic = kMagic;
+  int device = 0;
+  int retains = 0;
+  std::shared_ptr<Stream> legacy;  // the device's NULL stream
+};
+
+struct Device {
+  int ordinal = 0;
+  size_t capacity_bytes = 0;
+  std::atomic<size_t> physical_bytes{0};
+  Context primary;
+};
+
+std::vector<Device>& devices();
+int device_count();
+// The calling thread's current context, or nullptr.
+Context* current_context();
+CUresult current_device(int* device);
+// Charges `bytes` of physical memory to `device`, or fails with CUDA_ERROR_OUT_OF_MEMORY.
+CUresult charge_physical(int device, size_t bytes);
+void refund_physical(int device, size_t bytes);
+
+// ---------------------------------------------------------------------------------------------
+// Graphs
+// ---------------------------------------------------------------------------------------------
+
+struct Function;
+struct Graph;
+
+struct Node {
+  static constexpr uint32_t kMagic = 0x45444f4e;  // "NODE"
+  uint32_t magic = kMagic;
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  Graph* owner = nullptr;
+  std::vector<Node*> deps;
+
+  // CU_GRAPH_NODE_TYPE_KERNEL
+  Function* function = nullptr;
+  vaswap_sim_dims dims{};
+  std::vector<uint8_t> args;       // packed parameter buffer
+  std::vector<void*> arg_ptrs;     // kernelParams form: pointers into `args`
+  bool via_extra = false;          // launched with a packed `extra` buffer
+  size_t extra_size = 0;
+  std::vector<void*> extra;        // extra form: {BUFFER_POINTER, args, BUFFER_SIZE, &extra_size, END}
+  // CU_GRAPH_NODE_TYPE_MEMCPY
+  CUDA_MEMCPY3D copy{};
+  // CU_GRAPH_NODE_TYPE_MEMSET
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  // CU_GRAPH_NODE_TYPE_HOST
+  CUhostFn host_fn = nullptr;
+  void* host_data = nullptr;
+  // CU_GRAPH_NODE_TYPE_GRAPH
+  std::shared_ptr<Graph> child;  // shared with the executable graph a launch came from
+
+  std::unique_ptr<Node> clone(Graph* new_owner,
+                              const std::unordered_map<const Node*, Node*>& remap) const;
+  void run() const;  // executes the node on the calling (stream worker) thread
+};
+
+struct Graph {
+  static constexpr uint32_t kMagic = 0x48505247;  // "GRPH"
+  uint32_t magic = kMagic;
+  std::vector<std::unique_ptr<Node>> nodes;  // insertion order is a topological order
+
+  std::unique_ptr<Graph> clone() const;
+  Node* add(std::unique_ptr<Node> node, const CUgraphNode* deps, size_t num_deps);
+  void run() const;
+};
+
+struct GraphExec {
+  static constexpr uint32_t kMagic = 0x43584547;  // "GEXC"
+  uint32_t magic = kMagic;
+  std::shared_ptr<Graph> graph;  // a snapshot taken at instantiation
+  int device = 0;
+};
+
+Graph* lookup_graph(CUgraph h);
+void register_graph(Graph* g);
+Node* lookup_node(CUgraphNode h);
+
+// ---------------------------------------------------------------------------------------------
+// Streams, events, capture
+// ---------------------------------------------------------------------------------------------
+
+struct Capture {
+  uint64_t id = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id thread;
+  Graph* graph = nullptr;
+  bool owns_graph = true;  // false for cuStreamBeginCaptureToGraph
+  bool invalidated = false;
+  Stream* origin = nullptr;
+  std::set<Stream*> streams;
+};
+
+struct Stream {
+  static constexpr uint32_t kMagic = 0x4d525453;  // "STRM"
+  uint32_t magic = kMagic;
+  int device = 0;
+  unsigned flags = 0;
+  int priority = 0;
+  bool legacy = false;
+  bool per_thread = false;
+  uint64_t id = 0;
+
+  // Work queue; tickets count operations: the op pushed as ticket t is done once completed >= t.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> ops;
+  uint64_t enqueued = 0;
+  uint64_t completed = 0;
+  bool stopping = false;
+  std::thread worker;
+
+  // Capture state, guarded by capture_mutex().
+  Capture* capture = nullptr;
+  std::vector<Node*> capture_deps;
+
+  uint64_t push(std::function<void()> op);
+  uint64_t tail();
+  bool done(uint64_t ticket);
+  void wait(uint64_t ticket);
+  void stop_and_join();
+};
+
+struct Event {
+  static constexpr uint32_t kMagic = 0x544e5645;  // "EVNT"
+  uint32_t magic = kMagic;
+  unsigned flags = 0;
+  std::mutex mu;
+  std::shared_ptr<Stream> stream;  // where it was last recorded (outside capture)
+  uint64_t ticket = 0;
+  uint64_t generation = 0;
+  bool stamped = false;
+  std::chrono::steady_clock::time_point stamp;
+  // Recorded inside a capture: the capture and the nodes a waiter will depend on.
+  Capture* capture = nullptr;
+  std::vector<Node*> capture_deps;
+};
+
+std::mutex& capture_mutex();
+// Resolves a stream handle (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream).
+CUresult resolve_stream(CUstream h, std::shared_ptr<Stream>* out);
+std::shared_ptr<Event> lookup_event(CUevent h);
+// The rule for potentially unsafe calls during stream capture (see docs/SIMULATOR.md).
+CUresult check_capture_safety();
+// Enqueues `node` on the stream, or records it into the stream's capture.
+CUresult submit(CUstream h, std::unique_ptr<Node> node);
+// cuStreamSynchronize (wait) or cuStreamQuery (!wait) without the entry checks.
+CUresult sync_or_query(CUstream h, bool wait);
+// Waits until every stream of `device` has finished the work enqueued so far.
+void synchronize_device(int device);
+
+// ---------------------------------------------------------------------------------------------
+// Modules and functions
+// ---------------------------------------------------------------------------------------------
+
+struct Module {
+  static constexpr uint32_t kMagic = 0x444f4d53;  // "SMOD"
+  uint32_t magic = kMagic;
+  const vaswap_sim_image* image = nullptr;
+  std::map<std::string, std::unique_ptr<Function>> functions;
+};
+
+struct Function {
+  static constexpr uint32_t kMagic = 0x434e5546;  // "FUNC"
+  uint32_t magic = kMagic;
+  const vaswap_sim_kernel_desc* desc = nullptr;
+  Module* module = nullptr;
+};
+
+Function* lookup_function(CUfunction h);
+// Builds a kernel node from either form of arguments (kernelParams, or a packed extra buffer).
+CUresult make_kernel_node(CUfunction f, const vaswap_sim_dims& dims, void** params, void** extra,
+                          std::unique_ptr<Node>* out);
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+
+// Copies `bytes` between any two addresses; device memory is host memory in the simulator.
+CUDA_MEMCPY3D linear_copy(void* dst, CUmemorytype dst_type, const void* src, CUmemorytype src_type,
+                          size_t bytes);
+void run_copy(const CUDA_MEMCPY3D& c);
+void run_memset(const CUDA_MEMSET_NODE_PARAMS& m);
+
+}  // namespace vsim

@@ -1,0 +1,72 @@
+// The contract between simulated kernels, the simulated runtime and the simulated driver.
+//
+// A "device image" in the simulator is a vaswap_sim_image instead of a fatbinary: the runtime
+// receives it through __cudaRegisterFatBinary (as nvcc-generated code hands a real fatbinary to
+// the real runtime) and the driver loads it through cuModuleLoadData. Each kernel is a host
+// function plus its parameter layout, so cuFuncGetParamInfo and packed `extra` buffers behave as
+// on a GPU.
+#ifndef VASWAP_SIM_ABI_H
+#define VASWAP_SIM_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VASWAP_SIM_IMAGE_MAGIC 0x4d495356u /* "VSIM" */
+#define VASWAP_SIM_IMAGE_VERSION 1u
+
+typedef struct vaswap_sim_dims {
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_bytes;
+} vaswap_sim_dims;
+
+/* Runs the whole grid of one launch. `args` is the packed parameter buffer: parameter i lives at
+ * param_offsets[i] and spans param_sizes[i] bytes (CUDA's kernel ABI). */
+typedef void (*vaswap_sim_kernel_entry)(const void* args, const vaswap_sim_dims* dims);
+
+typedef struct vaswap_sim_kernel_desc {
+  const char* name;
+  vaswap_sim_kernel_entry entry;
+  uint32_t num_params;
+  const uint32_t* param_offsets;
+  const uint32_t* param_sizes;
+  uint32_t args_bytes; /* size of the packed buffer */
+} vaswap_sim_kernel_desc;
+
+typedef struct vaswap_sim_image {
+  uint32_t magic; /* VASWAP_SIM_IMAGE_MAGIC */
+  uint32_t version;
+  uint32_t num_kernels;
+  const vaswap_sim_kernel_desc* kernels;
+} vaswap_sim_image;
+
+/* Layout of the wrapper handed to __cudaRegisterFatBinary: the same shape as nvcc's
+ * __fatBinC_Wrapper_t, with our magic and `data` pointing at a vaswap_sim_image. */
+typedef struct vaswap_sim_fatbin_wrapper {
+  int magic;
+  int version;
+  const vaswap_sim_image* data;
+  void* unused;
+} vaswap_sim_fatbin_wrapper;
+
+/* Simulator controls, exported by the simulated libcuda.so.1 and also reachable through
+ * cuGetProcAddress (so the simulated runtime needs no link-time dependency on the driver). */
+
+/* Arms a fault: the `nth` call (1 = the next one) of `function` returns `error` instead of running.
+ * Counts from the moment of arming. Returns 0, or 1 when the arguments are invalid. */
+int vaswapSimInjectFault(const char* function, unsigned long long nth, int error);
+/* Disarms every fault. */
+void vaswapSimClearFaults(void);
+/* Counts one call of `function` and returns the armed error for it, or 0. */
+int vaswapSimFaultCheck(const char* function);
+/* Physical bytes currently created on a device (handles, cuMemAlloc, async allocations). */
+unsigned long long vaswapSimPhysicalBytes(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VASWAP_SIM_ABI_H */
