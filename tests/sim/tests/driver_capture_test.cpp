@@ -1,0 +1,241 @@
+// Stream capture in the simulated driver: what is recorded, and CUDA's unsafe-call rules.
+#include "sim_test.h"
+
+namespace {
+
+class CaptureTest : public SimTest {
+ protected:
+  void SetUp() override {
+    SimTest::SetUp();
+    ASSERT_CU(cuStreamCreate(&s_, CU_STREAM_NON_BLOCKING));
+  }
+  void TearDown() override {
+    EXPECT_EQ(CUDA_SUCCESS, cuStreamDestroy(s_));
+    SimTest::TearDown();
+  }
+  CUstream s_ = nullptr;
+};
+
+TEST_F(CaptureTest, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 4096));
+  ASSERT_CU(cuMemsetD32(buf, 0, 1024));
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(cuMemsetD32Async(buf, 7, 1024, s_));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  auto* words = reinterpret_cast<uint32_t*>(buf);
+  EXPECT_EQ(0u, words[100]) << "capture must not execute the memset";
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
+  ASSERT_CU(cuGraphLaunch(exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  EXPECT_EQ(7u, words[100]);
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(buf));
+}
+
+TEST_F(CaptureTest, GraphReplaysAgainstRemappedContents) {
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle first = slot.map_new();
+  CUdeviceptr out = 0;
+  ASSERT_CU(cuMemAlloc(&out, 256 * sizeof(uint32_t)));
+  for (uint32_t i = 0; i < 256; ++i) slot.words()[i] = i;
+  auto* dst = reinterpret_cast<uint32_t*>(out);
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(sim_kernels::launch_add(s_, dst, slot.words(), 1000, 256));
+  CUgraph g = nullptr;
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
+  ASSERT_CU(cuGraphLaunch(exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  EXPECT_EQ(1000u + 200u, dst[200]);
+
+  // Offload and restore with other contents: new physical memory, same VA, same graph.
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(first));
+  CUmemGenericAllocationHandle second = slot.map_new();
+  for (uint32_t i = 0; i < 256; ++i) slot.words()[i] = 5 * i;
+  ASSERT_CU(cuGraphLaunch(exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  EXPECT_EQ(1000u + 5u * 200u, dst[200]);
+
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(out));
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(second));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(CaptureTest, UnsafeCallFromAnotherThreadInvalidatesAGlobalCapture) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult other_rc = CUDA_SUCCESS;
+  std::thread other([&] {
+    bind_device(0);
+    CUdeviceptr p = 0;
+    other_rc = cuMemAlloc(&p, 4096);
+  });
+  other.join();
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, other_rc);
+  CUstreamCaptureStatus status{};
+  ASSERT_CU(cuStreamIsCapturing(s_, &status));
+  EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_INVALIDATED, status);
+  CUgraph g = reinterpret_cast<CUgraph>(0x1);
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
+  EXPECT_EQ(nullptr, g);
+}
+
+TEST_F(CaptureTest, RelaxedThreadMayMakeUnsafeCallsDuringAGlobalCapture) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult other_rc = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr p = 0;
+  std::thread other([&] {
+    bind_device(0);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    EXPECT_EQ(CUDA_SUCCESS, cuThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_EQ(CU_STREAM_CAPTURE_MODE_GLOBAL, mode) << "the previous mode comes back";
+    other_rc = cuMemAlloc(&p, 4096);
+  });
+  other.join();
+  EXPECT_EQ(CUDA_SUCCESS, other_rc);
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_NE(nullptr, g);
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(p));
+}
+
+TEST_F(CaptureTest, ThreadLocalModeIgnoresOtherThreadsCaptures) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult other_rc = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr p = 0;
+  std::thread other([&] {
+    bind_device(0);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    EXPECT_EQ(CUDA_SUCCESS, cuThreadExchangeStreamCaptureMode(&mode));
+    other_rc = cuMemAlloc(&p, 4096);
+  });
+  other.join();
+  EXPECT_EQ(CUDA_SUCCESS, other_rc);
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(p));
+}
+
+TEST_F(CaptureTest, CapturingThreadMayNotMakeUnsafeCallsUnlessRelaxed) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUdeviceptr p = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  ASSERT_CU(cuThreadExchangeStreamCaptureMode(&mode));
+  ASSERT_CU(cuMemAlloc(&p, 4096));  // as PyTorch's allocator does during capture
+  ASSERT_CU(cuThreadExchangeStreamCaptureMode(&mode));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuGraphDestroy(g));
+
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUdeviceptr q = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuMemAlloc(&q, 4096));
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuMemFree(p));
+}
+
+TEST_F(CaptureTest, SynchronizingTheCapturingStreamInvalidatesTheCapture) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuStreamSynchronize(s_));
+  CUgraph g = nullptr;
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
+}
+
+TEST_F(CaptureTest, ForkedStreamJoinsTheCaptureThroughAnEvent) {
+  CUstream side = nullptr;
+  CUevent fork = nullptr, join = nullptr;
+  ASSERT_CU(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  ASSERT_CU(cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, 4096));
+  ASSERT_CU(cuMemAlloc(&b, 4096));
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(cuMemsetD32Async(a, 1, 1024, s_));
+  ASSERT_CU(cuEventRecord(fork, s_));
+  ASSERT_CU(cuStreamWaitEvent(side, fork, 0));
+  CUstreamCaptureStatus status{};
+  ASSERT_CU(cuStreamIsCapturing(side, &status));
+  EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_ACTIVE, status);
+  ASSERT_CU(cuMemsetD32Async(b, 2, 1024, side));
+  ASSERT_CU(cuEventRecord(join, side));
+  ASSERT_CU(cuStreamWaitEvent(s_, join, 0));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuStreamIsCapturing(side, &status));
+  EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_NONE, status);
+  size_t n = 0;
+  ASSERT_CU(cuGraphGetNodes(g, nullptr, &n));
+  ASSERT_EQ(2u, n);
+  CUgraphNode nodes[2];
+  ASSERT_CU(cuGraphGetNodes(g, nodes, &n));
+  CUgraphNode dep = nullptr;
+  size_t ndeps = 1;
+  ASSERT_CU(cuGraphNodeGetDependencies(nodes[1], &dep, nullptr, &ndeps));
+  ASSERT_EQ(1u, ndeps);
+  EXPECT_EQ(nodes[0], dep) << "the side stream's memset depends on the fork point";
+  ASSERT_CU(cuGraphDestroy(g));
+  for (CUdeviceptr p : {a, b}) ASSERT_CU(cuMemFree(p));
+  ASSERT_CU(cuEventDestroy(fork));
+  ASSERT_CU(cuEventDestroy(join));
+  ASSERT_CU(cuStreamDestroy(side));
+}
+
+TEST_F(CaptureTest, CaptureInfoReportsIdGraphAndDependencies) {
+  CUdeviceptr a = 0;
+  ASSERT_CU(cuMemAlloc(&a, 4096));
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(cuMemsetD8Async(a, 3, 4096, s_));
+  CUstreamCaptureStatus status{};
+  cuuint64_t id = 0;
+  CUgraph graph = nullptr;
+  const CUgraphNode* deps = nullptr;
+  size_t ndeps = 0;
+  ASSERT_CU(cuStreamGetCaptureInfo(s_, &status, &id, &graph, &deps, nullptr, &ndeps));
+  EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_ACTIVE, status);
+  EXPECT_NE(0u, id);
+  ASSERT_EQ(1u, ndeps);
+  CUgraphNodeType type{};
+  ASSERT_CU(cuGraphNodeGetType(deps[0], &type));
+  EXPECT_EQ(CU_GRAPH_NODE_TYPE_MEMSET, type);
+  CUgraph ended = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &ended));
+  EXPECT_EQ(graph, ended);
+  ASSERT_CU(cuStreamGetCaptureInfo(s_, &status, &id, nullptr, nullptr, nullptr, nullptr));
+  EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_NONE, status);
+  ASSERT_CU(cuGraphDestroy(ended));
+  ASSERT_CU(cuMemFree(a));
+}
+
+TEST_F(CaptureTest, EndingAGlobalCaptureFromAnotherThreadIsRejected) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult rc = CUDA_SUCCESS;
+  std::thread other([&] {
+    bind_device(0);
+    CUgraph g = nullptr;
+    rc = cuStreamEndCapture(s_, &g);
+  });
+  other.join();
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, rc);
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  ASSERT_CU(cuGraphDestroy(g));
+}
+
+TEST_F(CaptureTest, LegacyStreamCannotBeCaptured) {
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL));
+}
+
+}  // namespace

@@ -1,0 +1,232 @@
+// The simulated driver's memory model: VMM semantics, physical accounting, pointer queries.
+#include <sys/wait.h>
+
+#include "sim_test.h"
+
+namespace {
+
+class VmmTest : public SimTest {};
+
+size_t free_bytes() {
+  size_t free = 0, total = 0;
+  EXPECT_EQ(CUDA_SUCCESS, cuMemGetInfo(&free, &total));
+  return free;
+}
+
+TEST_F(VmmTest, DataWrittenAfterRemapIsReadAtTheSameAddress) {
+  ManualSlot slot;
+  slot.reserve(2 * kGran);
+  CUmemGenericAllocationHandle first = slot.map_new();
+  for (uint32_t i = 0; i < 1024; ++i) slot.words()[i] = 0xA000u + i;
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(first));
+
+  const CUdeviceptr before = slot.va;
+  CUmemGenericAllocationHandle second = slot.map_new();
+  for (uint32_t i = 0; i < 1024; ++i) slot.words()[i] = 0xB000u + i;
+  EXPECT_EQ(before, slot.va);
+  for (uint32_t i = 0; i < 1024; ++i) ASSERT_EQ(0xB000u + i, slot.words()[i]) << "word " << i;
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(second));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(VmmTest, RemappingAnUnreleasedHandleShowsItsEarlierContents) {
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle h = slot.map_new();
+  slot.words()[7] = 0xC0FFEEu;
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  const CUmemAccessDesc access = rw_access();
+  ASSERT_CU(cuMemMap(slot.va, slot.bytes, 0, h, 0));
+  ASSERT_CU(cuMemSetAccess(slot.va, slot.bytes, &access, 1));
+  EXPECT_EQ(0xC0FFEEu, slot.words()[7]);
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+// A GPU faults with an illegal address; the simulator's process dies with SIGSEGV (or, under
+// AddressSanitizer, with its SEGV report).
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_SEGV_MESSAGE "SEGV"
+#else
+#define SIM_SEGV_MESSAGE ""
+#endif
+
+bool died_of_segv(int status) {
+  return (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) ||
+         (WIFEXITED(status) && WEXITSTATUS(status) != 0);
+}
+
+TEST_F(VmmTest, TouchAfterUnmapFaults) {
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle h = slot.map_new();
+  slot.words()[0] = 1;
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  volatile uint32_t* p = slot.words();
+  EXPECT_EXIT(p[0] = 2, died_of_segv, SIM_SEGV_MESSAGE);
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(VmmTest, TouchBeforeSetAccessFaults) {
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop();
+  ASSERT_CU(cuMemCreate(&h, kGran, &prop, 0));
+  ASSERT_CU(cuMemMap(slot.va, kGran, 0, h, 0));
+  volatile uint32_t* p = slot.words();
+  EXPECT_EXIT(p[0] = 2, died_of_segv, SIM_SEGV_MESSAGE);
+  ASSERT_CU(cuMemUnmap(slot.va, kGran));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, kGran));
+}
+
+TEST_F(VmmTest, MemGetInfoCountsPhysicalBytesNotReservations) {
+  const size_t start = free_bytes();
+  ManualSlot slot;
+  slot.reserve(4 * kGran);
+  EXPECT_EQ(start, free_bytes()) << "a reservation holds no physical memory";
+  CUmemGenericAllocationHandle h = slot.map_new();
+  EXPECT_EQ(start - 4 * kGran, free_bytes());
+  ASSERT_CU(cuMemRelease(h));
+  EXPECT_EQ(start - 4 * kGran, free_bytes()) << "a released handle stays while it is mapped";
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  EXPECT_EQ(start, free_bytes());
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(VmmTest, CreateBeyondDeviceCapacityIsOutOfMemory) {
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop(1);  // 512 MiB on device 1
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemCreate(&h, 257 * kGran, &prop, 0));
+  ASSERT_CU(cuMemCreate(&h, 128 * kGran, &prop, 0));
+  EXPECT_EQ(256 * kMiB, vaswapSimPhysicalBytes(1));
+  ASSERT_CU(cuMemRelease(h));
+  EXPECT_EQ(0u, vaswapSimPhysicalBytes(1));
+}
+
+TEST_F(VmmTest, DevicesReportTheirConfiguredCapacity) {
+  size_t total0 = 0, total1 = 0;
+  ASSERT_CU(cuDeviceTotalMem(&total0, 0));
+  ASSERT_CU(cuDeviceTotalMem(&total1, 1));
+  EXPECT_EQ(1024 * kMiB, total0);
+  EXPECT_EQ(512 * kMiB, total1);
+  int count = 0;
+  ASSERT_CU(cuDeviceGetCount(&count));
+  EXPECT_EQ(2, count);
+}
+
+TEST_F(VmmTest, MapRejectsOverlapUnalignedRangesAndForeignAddresses) {
+  ManualSlot slot;
+  slot.reserve(2 * kGran);
+  CUmemGenericAllocationHandle h = slot.map_new();
+  EXPECT_CU_ERR(CUDA_ERROR_ALREADY_MAPPED, cuMemMap(slot.va, kGran, 0, h, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemMap(slot.va + 4096, kGran, 0, h, 0));
+  std::vector<char> host(kGran * 2);
+  const auto aligned = (reinterpret_cast<uintptr_t>(host.data()) + kGran - 1) / kGran * kGran;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemMap(aligned, kGran, 0, h, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_STATE, cuMemAddressFree(slot.va, slot.bytes));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(slot.va, kGran));  // half a mapping
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(VmmTest, GranularityIsTwoMebibytes) {
+  size_t g = 0;
+  const CUmemAllocationProp prop = device_prop();
+  ASSERT_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  EXPECT_EQ(kGran, g);
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemCreate(&h, kGran + 4096, &prop, 0));
+}
+
+class AllocTest : public SimTest {};
+
+TEST_F(AllocTest, MemAllocChargesWholeGranulesAndFreeReturnsThem) {
+  const size_t start = free_bytes();
+  CUdeviceptr p = 0;
+  ASSERT_CU(cuMemAlloc(&p, 3 * kMiB));
+  EXPECT_EQ(start - 4 * kMiB, free_bytes());
+  std::memset(reinterpret_cast<void*>(p), 0x5a, 3 * kMiB);  // device memory is addressable
+  ASSERT_CU(cuMemFree(p));
+  EXPECT_EQ(start, free_bytes());
+}
+
+TEST_F(AllocTest, PointerAttributesDescribeEachKindOfMemory) {
+  CUdeviceptr dev = 0;
+  ASSERT_CU(cuMemAlloc(&dev, 1000));
+  void* pinned = nullptr;
+  ASSERT_CU(cuMemHostAlloc(&pinned, 4096, CU_MEMHOSTALLOC_PORTABLE));
+  unsigned type = 0;
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  ASSERT_CU(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 100));
+  EXPECT_EQ(unsigned(CU_MEMORYTYPE_DEVICE), type);
+  ASSERT_CU(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dev + 100));
+  ASSERT_CU(cuPointerGetAttribute(&bytes, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dev + 100));
+  EXPECT_EQ(dev, start);
+  EXPECT_EQ(1000u, bytes);
+  ASSERT_CU(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  reinterpret_cast<CUdeviceptr>(pinned)));
+  EXPECT_EQ(unsigned(CU_MEMORYTYPE_HOST), type);
+  unsigned flags = 0;
+  ASSERT_CU(cuMemHostGetFlags(&flags, pinned));
+  EXPECT_EQ(unsigned(CU_MEMHOSTALLOC_PORTABLE), flags);
+  int on_stack = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                      reinterpret_cast<CUdeviceptr>(&on_stack)));
+  ASSERT_CU(cuMemFree(dev));
+  ASSERT_CU(cuMemFreeHost(pinned));
+}
+
+TEST_F(AllocTest, MappedSlotReportsItsDeviceAndRange) {
+  ManualSlot slot;
+  slot.reserve(2 * kGran);
+  CUmemGenericAllocationHandle h = slot.map_new();
+  int device = -1;
+  CUdeviceptr start = 0;
+  ASSERT_CU(cuPointerGetAttribute(&device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, slot.va + 12345));
+  ASSERT_CU(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, slot.va + 12345));
+  EXPECT_EQ(0, device);
+  EXPECT_EQ(slot.va, start);
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  unsigned type = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, slot.va));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
+TEST_F(AllocTest, InjectedFaultReturnsTheChosenErrorOnTheNthCallOnly) {
+  ASSERT_EQ(0, vaswapSimInjectFault("cuMemCreate", 2, CUDA_ERROR_OUT_OF_MEMORY));
+  const CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle a = 0, b = 0, c = 0;
+  ASSERT_CU(cuMemCreate(&a, kGran, &prop, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemCreate(&b, kGran, &prop, 0));
+  ASSERT_CU(cuMemCreate(&c, kGran, &prop, 0));
+  ASSERT_CU(cuMemRelease(a));
+  ASSERT_CU(cuMemRelease(c));
+}
+
+TEST_F(AllocTest, InjectedFaultCanUseAnyErrorCode) {
+  ASSERT_EQ(0, vaswapSimInjectFault("cuMemMap", 1, CUDA_ERROR_ILLEGAL_ADDRESS));
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop();
+  ASSERT_CU(cuMemCreate(&h, kGran, &prop, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemMap(slot.va, kGran, 0, h, 0));
+  ASSERT_CU(cuMemMap(slot.va, kGran, 0, h, 0));  // the fault fires once
+  ASSERT_CU(cuMemUnmap(slot.va, kGran));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(slot.va, kGran));
+  EXPECT_EQ(1, vaswapSimInjectFault("cuMemMap", 0, CUDA_ERROR_UNKNOWN)) << "nth must be >= 1";
+}
+
+}  // namespace

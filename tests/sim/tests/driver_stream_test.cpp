@@ -1,0 +1,189 @@
+// The simulated driver's ordering model: streams are threads, events and waits are real.
+#include "sim_test.h"
+
+namespace {
+
+class StreamTest : public SimTest {};
+
+struct Trace {
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  void add(int v) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(v);
+    threads.push_back(std::this_thread::get_id());
+  }
+};
+
+struct Mark {
+  Trace* trace;
+  int value;
+  static void CUDA_CB fn(void* m) {
+    auto* self = static_cast<Mark*>(m);
+    self->trace->add(self->value);
+  }
+};
+
+TEST_F(StreamTest, OperationsRunInOrderOnAWorkerThread) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  Trace trace;
+  std::vector<Mark> marks;
+  for (int i = 0; i < 50; ++i) marks.push_back({&trace, i});
+  for (auto& m : marks) ASSERT_CU(cuLaunchHostFunc(s, Mark::fn, &m));
+  ASSERT_CU(cuStreamSynchronize(s));
+  ASSERT_EQ(50u, trace.order.size());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(i, trace.order[static_cast<size_t>(i)]);
+  EXPECT_NE(std::this_thread::get_id(), trace.threads[0]);
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(StreamTest, WorkIsAsynchronousUntilTheStreamDrains) {
+  CUstream s = nullptr;
+  CUevent done = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuEventCreate(&done, 0));
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(s, Gate::wait_fn, &gate));
+  ASSERT_CU(cuEventRecord(done, s));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(s));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuEventQuery(done));
+  gate.release();
+  ASSERT_CU(cuEventSynchronize(done));
+  EXPECT_CU_ERR(CUDA_SUCCESS, cuStreamQuery(s));
+  ASSERT_CU(cuEventDestroy(done));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(StreamTest, StreamWaitEventOrdersWorkAcrossStreams) {
+  CUstream producer = nullptr, consumer = nullptr;
+  CUevent e = nullptr;
+  ASSERT_CU(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
+  std::vector<uint32_t> ones(64, 1), out(64, 0);
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(producer, Gate::wait_fn, &gate));
+  ASSERT_CU(cuMemcpyHtoDAsync(buf, ones.data(), 64 * sizeof(uint32_t), producer));
+  ASSERT_CU(cuEventRecord(e, producer));
+  ASSERT_CU(cuStreamWaitEvent(consumer, e, 0));
+  auto* words = reinterpret_cast<uint32_t*>(buf);
+  ASSERT_CU(sim_kernels::launch_add(consumer, words, words, 41, 64));
+  ASSERT_CU(cuMemcpyDtoHAsync(out.data(), buf, 64 * sizeof(uint32_t), consumer));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(consumer)) << "consumer must wait for the event";
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(consumer));
+  for (uint32_t v : out) ASSERT_EQ(42u, v);
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuEventDestroy(e));
+  ASSERT_CU(cuStreamDestroy(producer));
+  ASSERT_CU(cuStreamDestroy(consumer));
+}
+
+TEST_F(StreamTest, ElapsedTimeMeasuresWorkBetweenEvents) {
+  CUstream s = nullptr;
+  CUevent a = nullptr, b = nullptr, untimed = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, 0));
+  ASSERT_CU(cuEventCreate(&a, 0));
+  ASSERT_CU(cuEventCreate(&b, 0));
+  ASSERT_CU(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+  ASSERT_CU(cuEventRecord(a, s));
+  ASSERT_CU(cuLaunchHostFunc(
+      s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, nullptr));
+  ASSERT_CU(cuEventRecord(b, s));
+  ASSERT_CU(cuEventRecord(untimed, s));
+  ASSERT_CU(cuEventSynchronize(b));
+  float ms = 0;
+  ASSERT_CU(cuEventElapsedTime(&ms, a, b));
+  EXPECT_GE(ms, 29.0f);
+  EXPECT_LT(ms, 2000.0f);
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_HANDLE, cuEventElapsedTime(&ms, a, untimed));
+  for (CUevent e : {a, b, untimed}) ASSERT_CU(cuEventDestroy(e));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(StreamTest, LegacyStreamWaitsForBlockingStreamsButNotNonBlockingOnes) {
+  CUstream blocking = nullptr, non_blocking = nullptr;
+  ASSERT_CU(cuStreamCreate(&blocking, 0));
+  ASSERT_CU(cuStreamCreate(&non_blocking, CU_STREAM_NON_BLOCKING));
+  Gate gate;
+  Trace trace;
+  Mark legacy_mark{&trace, 1}, free_mark{&trace, 2};
+  ASSERT_CU(cuLaunchHostFunc(blocking, Gate::wait_fn, &gate));
+  ASSERT_CU(cuLaunchHostFunc(CU_STREAM_LEGACY, Mark::fn, &legacy_mark));
+  ASSERT_CU(cuLaunchHostFunc(non_blocking, Mark::fn, &free_mark));
+  ASSERT_CU(cuStreamSynchronize(non_blocking));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(CU_STREAM_LEGACY));
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(CU_STREAM_LEGACY));
+  ASSERT_EQ((std::vector<int>{2, 1}), trace.order);
+  ASSERT_CU(cuStreamDestroy(blocking));
+  ASSERT_CU(cuStreamDestroy(non_blocking));
+}
+
+TEST_F(StreamTest, PerThreadStreamsDifferBetweenThreads) {
+  Trace trace;
+  Mark m1{&trace, 1}, m2{&trace, 2};
+  ASSERT_CU(cuLaunchHostFunc(CU_STREAM_PER_THREAD, Mark::fn, &m1));
+  ASSERT_CU(cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  std::thread other([&] {
+    bind_device(0);
+    EXPECT_EQ(CUDA_SUCCESS, cuLaunchHostFunc(CU_STREAM_PER_THREAD, Mark::fn, &m2));
+    EXPECT_EQ(CUDA_SUCCESS, cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  });
+  other.join();
+  ASSERT_EQ(2u, trace.threads.size());
+  EXPECT_NE(trace.threads[0], trace.threads[1]);
+  unsigned long long id_here = 0, id_legacy = 0;
+  ASSERT_CU(cuStreamGetId(CU_STREAM_PER_THREAD, &id_here));
+  ASSERT_CU(cuStreamGetId(CU_STREAM_LEGACY, &id_legacy));
+  EXPECT_NE(id_here, id_legacy);
+}
+
+TEST_F(StreamTest, HostFunctionsMayNotCallCuda) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, 0));
+  struct Result {
+    CUresult rc = CUDA_SUCCESS;
+  } result;
+  ASSERT_CU(cuLaunchHostFunc(
+      s,
+      [](void* r) {
+        CUdeviceptr p = 0;
+        static_cast<Result*>(r)->rc = cuMemAlloc(&p, 4096);
+      },
+      &result));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(CUDA_ERROR_NOT_PERMITTED, result.rc);
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(StreamTest, SynchronousCopiesAndMemsetsMoveBytes) {
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, 4096));
+  ASSERT_CU(cuMemAlloc(&b, 4096));
+  ASSERT_CU(cuMemsetD32(a, 0xDEADBEEFu, 1024));
+  ASSERT_CU(cuMemcpyDtoD(b, a, 4096));
+  std::vector<uint32_t> host(1024);
+  ASSERT_CU(cuMemcpyDtoH(host.data(), b, 4096));
+  for (uint32_t v : host) ASSERT_EQ(0xDEADBEEFu, v);
+  ASSERT_CU(cuMemsetD8(a, 0x11, 4096));
+  ASSERT_CU(cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()), a, 4096));
+  for (uint32_t v : host) ASSERT_EQ(0x11111111u, v);
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}
+
+TEST_F(StreamTest, CallsBeforeInitAndWithoutContextFail) {
+  std::thread other([] {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, cuMemAlloc(&p, 4096));  // no context on this thread
+  });
+  other.join();
+}
+
+}  // namespace
