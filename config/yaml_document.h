@@ -8,10 +8,10 @@
 namespace vaswap {
 
 struct YamlScalar {
-  std::string path;   // "offload.prefetch", "rules[0].after"
+  std::string path;  // "offload.prefetch", "rules[0].after"
   std::string value;
-  int line = 0;       // 1-based
-  int column = 0;     // 1-based
+  int line = 0;    // 1-based
+  int column = 0;  // 1-based
 };
 
 // Reads `file`. On failure returns false and sets `error` to "file:line:column: what".

@@ -13,8 +13,10 @@ void walk(const YAML::Node& node, const std::string& path, vaswap_yaml_visit_fn 
   switch (node.Type()) {
     case YAML::NodeType::Map:
       for (const auto& item : node) {
-        const std::string key = item.first.Scalar();
-        walk(item.second, path.empty() ? key : path + "." + key, visit, ctx);
+        std::string child = path;
+        if (!child.empty()) child += '.';
+        child += item.first.Scalar();
+        walk(item.second, child, visit, ctx);
       }
       break;
     case YAML::NodeType::Sequence:

@@ -7,8 +7,8 @@
 extern "C" {
 #endif
 
-/* Called once per scalar, in document order. `path` names it from the root: "a.b", "rules[2].after".
- * `line` and `column` are 1-based. */
+/* Called once per scalar, in document order. `path` names it from the root: "a.b",
+ * "rules[2].after". `line` and `column` are 1-based. */
 typedef void (*vaswap_yaml_visit_fn)(void* context, const char* path, const char* value, int line,
                                      int column);
 

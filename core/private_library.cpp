@@ -43,7 +43,8 @@ void* private_symbol(void* library, const char* symbol, std::string* error) {
   void* address = dlsym(library, symbol);
   if (address == nullptr && error != nullptr) {
     const char* why = dlerror();
-    *error = std::string("helper library lacks ") + symbol + ": " + (why != nullptr ? why : "not found");
+    *error =
+        std::string("helper library lacks ") + symbol + ": " + (why != nullptr ? why : "not found");
   }
   return address;
 }

@@ -77,14 +77,14 @@ VSK_REGISTER(update_kernel)
 // Host side
 // ------------------------------------------------------------------------------------------------
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    const cudaError_t check_rc_ = (call);                                                \
-    if (check_rc_ != cudaSuccess) {                                                      \
+#define CHECK(call)                                                                        \
+  do {                                                                                     \
+    const cudaError_t check_rc_ = (call);                                                  \
+    if (check_rc_ != cudaSuccess) {                                                        \
       std::fprintf(stderr, "train_layers: %s failed at %s:%d: %s (%s)\n", #call, __FILE__, \
-                   __LINE__, cudaGetErrorName(check_rc_), cudaGetErrorString(check_rc_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+                   __LINE__, cudaGetErrorName(check_rc_), cudaGetErrorString(check_rc_));  \
+      std::exit(1);                                                                        \
+    }                                                                                      \
   } while (0)
 
 namespace {
@@ -99,17 +99,18 @@ struct Options {
 };
 
 void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N] [--quiet]\n"
-               "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
-               "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
-               "  is the same on a GPU and on vaswap's simulated device.\n"
-               "  --layers N   layers (default 8)\n"
-               "  --elems N    uint32 elements per buffer (default 262144, i.e. 1 MiB)\n"
-               "  --steps N    training steps (default 10)\n"
-               "  --seed N     data seed (default 1)\n"
-               "  --device N   CUDA device (default 0)\n"
-               "  --quiet      print only the checksum line\n");
+  std::fprintf(
+      to,
+      "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N] [--quiet]\n"
+      "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
+      "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
+      "  is the same on a GPU and on vaswap's simulated device.\n"
+      "  --layers N   layers (default 8)\n"
+      "  --elems N    uint32 elements per buffer (default 262144, i.e. 1 MiB)\n"
+      "  --steps N    training steps (default 10)\n"
+      "  --seed N     data seed (default 1)\n"
+      "  --device N   CUDA device (default 0)\n"
+      "  --quiet      print only the checksum line\n");
 }
 
 bool parse_number(const char* text, long min, long max, long* out) {
@@ -122,24 +123,36 @@ bool parse_number(const char* text, long min, long max, long* out) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  static const option longs[] = {{"layers", required_argument, nullptr, 'l'},
-                                 {"elems", required_argument, nullptr, 'n'},
-                                 {"steps", required_argument, nullptr, 's'},
-                                 {"seed", required_argument, nullptr, 'r'},
-                                 {"device", required_argument, nullptr, 'd'},
-                                 {"quiet", no_argument, nullptr, 'q'},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {
+      {"layers", required_argument, nullptr, 'l'}, {"elems", required_argument, nullptr, 'n'},
+      {"steps", required_argument, nullptr, 's'},  {"seed", required_argument, nullptr, 'r'},
+      {"device", required_argument, nullptr, 'd'}, {"quiet", no_argument, nullptr, 'q'},
+      {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   int c = 0;
   while ((c = getopt_long(argc, argv, "", longs, nullptr)) != -1) {
     long v = 0;
     bool ok = true;
     switch (c) {
-      case 'l': ok = parse_number(optarg, 1, 4096, &v); o.layers = static_cast<int>(v); break;
-      case 'n': ok = parse_number(optarg, 1, 1L << 30, &v); o.elems = static_cast<uint32_t>(v); break;
-      case 's': ok = parse_number(optarg, 1, 1000000, &v); o.steps = static_cast<int>(v); break;
-      case 'r': ok = parse_number(optarg, 0, 0xffffffffL, &v); o.seed = static_cast<uint32_t>(v); break;
-      case 'd': ok = parse_number(optarg, 0, 1024, &v); o.device = static_cast<int>(v); break;
+      case 'l':
+        ok = parse_number(optarg, 1, 4096, &v);
+        o.layers = static_cast<int>(v);
+        break;
+      case 'n':
+        ok = parse_number(optarg, 1, 1L << 30, &v);
+        o.elems = static_cast<uint32_t>(v);
+        break;
+      case 's':
+        ok = parse_number(optarg, 1, 1000000, &v);
+        o.steps = static_cast<int>(v);
+        break;
+      case 'r':
+        ok = parse_number(optarg, 0, 0xffffffffL, &v);
+        o.seed = static_cast<uint32_t>(v);
+        break;
+      case 'd':
+        ok = parse_number(optarg, 0, 1024, &v);
+        o.device = static_cast<int>(v);
+        break;
       case 'q': o.quiet = true; break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
@@ -182,7 +195,8 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
 struct Launcher {
   dim3 grid, block{256};
   cudaStream_t stream;
-  Launcher(uint32_t n, cudaStream_t s) : grid((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), stream(s) {}
+  Launcher(uint32_t n, cudaStream_t s)
+      : grid((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), stream(s) {}
   void operator()(const void* kernel, std::initializer_list<void*> args) const {
     std::vector<void*> a(args);
     CHECK(cudaLaunchKernel(kernel, grid, block, a.data(), 0, stream));
@@ -228,7 +242,8 @@ int main(int argc, char** argv) {
   std::vector<Layer> layers(static_cast<size_t>(o.layers));
   for (size_t l = 0; l < layers.size(); ++l) {
     Layer& L = layers[l];
-    for (uint32_t** p : {&L.x, &L.gy, &L.w, &L.acc}) CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
+    for (uint32_t** p : {&L.x, &L.gy, &L.w, &L.acc})
+      CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
     uint32_t wseed = o.seed * 7919u + static_cast<uint32_t>(l);
     launch((const void*)fill_kernel, {&L.w, &wseed, &n});
     CHECK(cudaMemsetAsync(L.acc, 0, bytes, s));
@@ -254,8 +269,9 @@ int main(int argc, char** argv) {
   uint32_t* host = nullptr;
   CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), bytes));
   if (!o.quiet) {
-    std::printf("train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d\n",
-                o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
+    std::printf(
+        "train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d\n",
+        o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
   }
 
   uint64_t checksum = 1469598103934665603ull;
@@ -274,7 +290,8 @@ int main(int argc, char** argv) {
     for (size_t l = layers.size(); l-- > 0;) {
       CHECK(cudaGraphLaunch(layers[l].backward, s));
       launch((const void*)accumulate_kernel, {&layers[l].acc, &layers[l].gw, &n});
-      if (l > 0) CHECK(cudaMemcpyAsync(layers[l - 1].gy, layers[l].gx, bytes, cudaMemcpyDeviceToDevice, s));
+      if (l > 0)
+        CHECK(cudaMemcpyAsync(layers[l - 1].gy, layers[l].gx, bytes, cudaMemcpyDeviceToDevice, s));
     }
     for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
     CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
@@ -283,7 +300,8 @@ int main(int argc, char** argv) {
     checksum = fnv1a(checksum, &loss, sizeof(loss));
     if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (Layer& L : layers) {
     CHECK(cudaMemcpy(host, L.w, bytes, cudaMemcpyDeviceToHost));
     checksum = fnv1a(checksum, host, bytes);
@@ -292,11 +310,13 @@ int main(int argc, char** argv) {
   size_t free_end = 0;
   CHECK(cudaMemGetInfo(&free_end, &total));
   if (!o.quiet) {
-    std::printf("graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
-                2 * o.layers, 2 * o.layers * o.steps, captured_allocations,
-                static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
+    std::printf(
+        "graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
+        2 * o.layers, 2 * o.layers * o.steps, captured_allocations,
+        static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
     std::printf("device memory in use: %.1f MiB (cudaMemGetInfo); %.3f s, %.2f ms/step\n",
-                static_cast<double>(free_start - free_end) / (1 << 20), seconds, 1e3 * seconds / o.steps);
+                static_cast<double>(free_start - free_end) / (1 << 20), seconds,
+                1e3 * seconds / o.steps);
   }
   std::printf("checksum 0x%016" PRIx64 "\n", checksum);
 

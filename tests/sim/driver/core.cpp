@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "state.h"
 
@@ -171,8 +172,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
-      const std::string& cap = caps.empty() ? std::string("16GiB")
-                                            : caps[std::min(caps.size() - 1, size_t(i))];
+      const std::string& cap =
+          caps.empty() ? std::string("16GiB") : caps[std::min(caps.size() - 1, size_t(i))];
       devs[static_cast<size_t>(i)].capacity_bytes = parse_bytes(cap, size_t{16} << 30);
       devs[static_cast<size_t>(i)].primary.device = i;
     }
@@ -224,18 +225,22 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUd
   SIM_ENTER();
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
-  switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *value = 2; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
-    default: *value = 0; break;
+  // What an H200 reports for the attributes programs commonly ask; every other attribute is 0.
+  static const std::pair<CUdevice_attribute, int> kAttributes[] = {
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+      {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+      {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 2},
+      {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+  };
+  *value = 0;
+  for (const auto& entry : kAttributes) {
+    if (entry.first == attrib) *value = entry.second;
   }
   return CUDA_SUCCESS;
 }
@@ -343,7 +348,9 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
   if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (error) {
 #define SIM_ERROR(cu, rt, text) \
-  case cu: *str = #cu; return CUDA_SUCCESS;
+  case cu:                      \
+    *str = #cu;                 \
+    return CUDA_SUCCESS;
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
     default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
@@ -354,7 +361,9 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char** str) {
   if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (error) {
 #define SIM_ERROR(cu, rt, text) \
-  case cu: *str = text; return CUDA_SUCCESS;
+  case cu:                      \
+    *str = text;                \
+    return CUDA_SUCCESS;
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
     default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;

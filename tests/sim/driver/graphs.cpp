@@ -34,7 +34,8 @@ void rebind_kernel_args(Node* n) {
   if (n->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
   const vaswap_sim_kernel_desc* d = n->function->desc;
   n->arg_ptrs.assign(d->num_params, nullptr);
-  for (uint32_t i = 0; i < d->num_params; ++i) n->arg_ptrs[i] = n->args.data() + d->param_offsets[i];
+  for (uint32_t i = 0; i < d->num_params; ++i)
+    n->arg_ptrs[i] = n->args.data() + d->param_offsets[i];
   if (n->via_extra) point_extra_at_args(n);
 }
 
@@ -152,7 +153,8 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n) {
+CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                     size_t n) {
   SIM_ENTER();
   return add_node(out, hg, deps, n, std::make_unique<Node>());
 }
@@ -181,7 +183,8 @@ CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgrap
 }
 
 CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
-                                      size_t n, const CUDA_MEMSET_NODE_PARAMS* params, CUcontext ctx) {
+                                      size_t n, const CUDA_MEMSET_NODE_PARAMS* params,
+                                      CUcontext ctx) {
   SIM_ENTER();
   (void)ctx;
   if (params == nullptr ||
@@ -346,7 +349,8 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg,
+                                             unsigned long long flags) {
   SIM_ENTER();
   return instantiate(out, hg, flags);
 }
@@ -357,7 +361,8 @@ CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph hg,
   if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUresult rc = instantiate(out, hg, params->flags);
   params->hErrNode_out = nullptr;
-  params->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  params->result_out =
+      rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
   return rc;
 }
 
@@ -366,7 +371,7 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
   std::lock_guard<std::mutex> lock(graph_mutex());
   // A launch still in flight keeps its own reference; destruction completes after it.
   return exec_registry().erase(reinterpret_cast<GraphExec*>(he)) ? CUDA_SUCCESS
-                                                                  : CUDA_ERROR_INVALID_VALUE;
+                                                                 : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {

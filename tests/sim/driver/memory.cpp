@@ -142,7 +142,8 @@ CUDA_MEMCPY3D linear_copy(void* dst, CUmemorytype dst_type, const void* src, CUm
 }
 
 static const char* copy_base(CUmemorytype t, const void* host, CUdeviceptr dev) {
-  return t == CU_MEMORYTYPE_HOST ? static_cast<const char*>(host) : reinterpret_cast<const char*>(dev);
+  return t == CU_MEMORYTYPE_HOST ? static_cast<const char*>(host)
+                                 : reinterpret_cast<const char*>(dev);
 }
 
 void run_copy(const CUDA_MEMCPY3D& c) {
@@ -267,8 +268,8 @@ CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* bytes, CUdev
 
 CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   SIM_ENTER();
-  constexpr unsigned kKnown = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
-                              CU_MEMHOSTALLOC_WRITECOMBINED;
+  constexpr unsigned kKnown =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (pp == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   int dev = 0;
   SIM_TRY(current_device(&dev));
@@ -333,7 +334,8 @@ CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = device; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = ptr; break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-      *static_cast<void**>(data) = type == CU_MEMORYTYPE_HOST ? reinterpret_cast<void*>(ptr) : nullptr;
+      *static_cast<void**>(data) =
+          type == CU_MEMORYTYPE_HOST ? reinterpret_cast<void*>(ptr) : nullptr;
       break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = start; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = bytes; break;
@@ -356,7 +358,8 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemA
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (prop->location.id < 0 || prop->location.id >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  if (prop->location.id < 0 || prop->location.id >= device_count())
+    return CUDA_ERROR_INVALID_DEVICE;
   *granularity = kGranularity;
   return CUDA_SUCCESS;
 }
@@ -393,7 +396,8 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t bytes) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   auto m = mappings().lower_bound(p);
-  if (m != mappings().end() && m->first < p + bytes) return CUDA_ERROR_ILLEGAL_STATE;  // still mapped
+  if (m != mappings().end() && m->first < p + bytes)
+    return CUDA_ERROR_ILLEGAL_STATE;  // still mapped
   munmap(reinterpret_cast<void*>(p), bytes);
   ranges().erase(it);
   return CUDA_SUCCESS;
@@ -402,12 +406,13 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t bytes) {
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
                              const CUmemAllocationProp* prop, unsigned long long flags) {
   SIM_ENTER();
-  if (handle == nullptr || prop == nullptr || flags != 0 || bytes == 0 || bytes % kGranularity != 0 ||
-      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+  if (handle == nullptr || prop == nullptr || flags != 0 || bytes == 0 ||
+      bytes % kGranularity != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (prop->location.id < 0 || prop->location.id >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  if (prop->location.id < 0 || prop->location.id >= device_count())
+    return CUDA_ERROR_INVALID_DEVICE;
   SIM_TRY(check_capture_safety());
   SIM_TRY(charge_physical(prop->location.id, bytes));
   const int fd = memfd_create("vaswap-sim-physical", MFD_CLOEXEC);
@@ -546,8 +551,8 @@ CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* pro
 // unsafe" during capture. Asynchronous forms become memcpy/memset nodes when captured.
 // -----------------------------------------------------------------------------------------------
 
-static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs, CUmemorytype dst_t,
-                           CUmemorytype src_t) {
+static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs,
+                           CUmemorytype dst_t, CUmemorytype src_t) {
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = linear_copy(dst, dst_t, src, src_t, bytes);

@@ -136,7 +136,8 @@ CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction hf) {
 
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                 unsigned int bx, unsigned int by, unsigned int bz,
-                                unsigned int shared_bytes, CUstream hs, void** params, void** extra) {
+                                unsigned int shared_bytes, CUstream hs, void** params,
+                                void** extra) {
   SIM_ENTER();
   std::unique_ptr<Node> node;
   SIM_TRY(make_kernel_node(f, vaswap_sim_dims{{gx, gy, gz}, {bx, by, bz}, shared_bytes}, params,
@@ -149,10 +150,11 @@ CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, vo
   SIM_ENTER();
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::unique_ptr<Node> node;
-  SIM_TRY(make_kernel_node(f,
-                           vaswap_sim_dims{{config->gridDimX, config->gridDimY, config->gridDimZ},
-                                           {config->blockDimX, config->blockDimY, config->blockDimZ},
-                                           config->sharedMemBytes},
-                           params, extra, &node));
+  SIM_TRY(
+      make_kernel_node(f,
+                       vaswap_sim_dims{{config->gridDimX, config->gridDimY, config->gridDimZ},
+                                       {config->blockDimX, config->blockDimY, config->blockDimZ},
+                                       config->sharedMemBytes},
+                       params, extra, &node));
   return submit(config->hStream, std::move(node));
 }

@@ -22,42 +22,59 @@ using namespace vsim;
   }
 
 SIM_PER_THREAD(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))
-SIM_PER_THREAD(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2, (CUdeviceptr d, const void* s, size_t n), (d, s, n))
+SIM_PER_THREAD(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2, (CUdeviceptr d, const void* s, size_t n),
+               (d, s, n))
 SIM_PER_THREAD(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2, (void* d, CUdeviceptr s, size_t n), (d, s, n))
-SIM_PER_THREAD(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))
-SIM_PER_THREAD(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))
-SIM_PER_THREAD(cuMemsetD32_v2_ptds, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
-SIM_PER_THREAD(cuMemcpyAsync_ptsz, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
-SIM_PER_THREAD(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2, (CUdeviceptr d, const void* s, size_t n, CUstream h), (d, s, n, h))
-SIM_PER_THREAD(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2, (void* d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
-SIM_PER_THREAD(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
-SIM_PER_THREAD(cuMemsetD8Async_ptsz, cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))
-SIM_PER_THREAD(cuMemsetD32Async_ptsz, cuMemsetD32Async, (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))
-SIM_PER_THREAD(cuMemAllocAsync_ptsz, cuMemAllocAsync, (CUdeviceptr* d, size_t n, CUstream h), (d, n, h))
+SIM_PER_THREAD(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr s, size_t n),
+               (d, s, n))
+SIM_PER_THREAD(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n),
+               (d, v, n))
+SIM_PER_THREAD(cuMemsetD32_v2_ptds, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n),
+               (d, v, n))
+SIM_PER_THREAD(cuMemcpyAsync_ptsz, cuMemcpyAsync,
+               (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
+SIM_PER_THREAD(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2,
+               (CUdeviceptr d, const void* s, size_t n, CUstream h), (d, s, n, h))
+SIM_PER_THREAD(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2,
+               (void* d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
+SIM_PER_THREAD(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
+               (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))
+SIM_PER_THREAD(cuMemsetD8Async_ptsz, cuMemsetD8Async,
+               (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))
+SIM_PER_THREAD(cuMemsetD32Async_ptsz, cuMemsetD32Async,
+               (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))
+SIM_PER_THREAD(cuMemAllocAsync_ptsz, cuMemAllocAsync, (CUdeviceptr * d, size_t n, CUstream h),
+               (d, n, h))
 SIM_PER_THREAD(cuMemFreeAsync_ptsz, cuMemFreeAsync, (CUdeviceptr d, CUstream h), (d, h))
 SIM_PER_THREAD(cuStreamSynchronize_ptsz, cuStreamSynchronize, (CUstream h), (h))
 SIM_PER_THREAD(cuStreamQuery_ptsz, cuStreamQuery, (CUstream h), (h))
-SIM_PER_THREAD(cuStreamWaitEvent_ptsz, cuStreamWaitEvent, (CUstream h, CUevent e, unsigned f), (h, e, f))
+SIM_PER_THREAD(cuStreamWaitEvent_ptsz, cuStreamWaitEvent, (CUstream h, CUevent e, unsigned f),
+               (h, e, f))
 SIM_PER_THREAD(cuStreamGetFlags_ptsz, cuStreamGetFlags, (CUstream h, unsigned* f), (h, f))
 SIM_PER_THREAD(cuStreamGetPriority_ptsz, cuStreamGetPriority, (CUstream h, int* p), (h, p))
 SIM_PER_THREAD(cuStreamGetId_ptsz, cuStreamGetId, (CUstream h, unsigned long long* id), (h, id))
 SIM_PER_THREAD(cuStreamGetDevice_ptsz, cuStreamGetDevice, (CUstream h, CUdevice* d), (h, d))
 SIM_PER_THREAD(cuStreamGetCtx_ptsz, cuStreamGetCtx, (CUstream h, CUcontext* c), (h, c))
 SIM_PER_THREAD(cuEventRecord_ptsz, cuEventRecord, (CUevent e, CUstream h), (e, h))
-SIM_PER_THREAD(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags, (CUevent e, CUstream h, unsigned f), (e, h, f))
+SIM_PER_THREAD(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags,
+               (CUevent e, CUstream h, unsigned f), (e, h, f))
 SIM_PER_THREAD(cuLaunchKernel_ptsz, cuLaunchKernel,
                (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                 unsigned bz, unsigned shm, CUstream h, void** p, void** x),
                (f, gx, gy, gz, bx, by, bz, shm, h, p, x))
-SIM_PER_THREAD(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, (const CUlaunchConfig* c, CUfunction f, void** p, void** x), (c, f, p, x))
-SIM_PER_THREAD(cuLaunchHostFunc_ptsz, cuLaunchHostFunc, (CUstream h, CUhostFn fn, void* d), (h, fn, d))
-SIM_PER_THREAD(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2, (CUstream h, CUstreamCaptureMode m), (h, m))
+SIM_PER_THREAD(cuLaunchKernelEx_ptsz, cuLaunchKernelEx,
+               (const CUlaunchConfig* c, CUfunction f, void** p, void** x), (c, f, p, x))
+SIM_PER_THREAD(cuLaunchHostFunc_ptsz, cuLaunchHostFunc, (CUstream h, CUhostFn fn, void* d),
+               (h, fn, d))
+SIM_PER_THREAD(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2,
+               (CUstream h, CUstreamCaptureMode m), (h, m))
 SIM_PER_THREAD(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph,
                (CUstream h, CUgraph g, const CUgraphNode* d, const CUgraphEdgeData* e, size_t n,
                 CUstreamCaptureMode m),
                (h, g, d, e, n, m))
 SIM_PER_THREAD(cuStreamEndCapture_ptsz, cuStreamEndCapture, (CUstream h, CUgraph* g), (h, g))
-SIM_PER_THREAD(cuStreamIsCapturing_ptsz, cuStreamIsCapturing, (CUstream h, CUstreamCaptureStatus* s), (h, s))
+SIM_PER_THREAD(cuStreamIsCapturing_ptsz, cuStreamIsCapturing,
+               (CUstream h, CUstreamCaptureStatus* s), (h, s))
 SIM_PER_THREAD(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
                (CUstream h, CUstreamCaptureStatus* s, cuuint64_t* id, CUgraph* g,
                 const CUgraphNode** d, const CUgraphEdgeData** e, size_t* n),
@@ -65,7 +82,7 @@ SIM_PER_THREAD(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
 SIM_PER_THREAD(cuGraphLaunch_ptsz, cuGraphLaunch, (CUgraphExec g, CUstream h), (g, h))
 SIM_PER_THREAD(cuGraphUpload_ptsz, cuGraphUpload, (CUgraphExec g, CUstream h), (g, h))
 SIM_PER_THREAD(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams,
-               (CUgraphExec* e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* p), (e, g, p))
+               (CUgraphExec * e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* p), (e, g, p))
 
 CUresult CUDAAPI cuGetExportTable(const void** table, const CUuuid* id) {
   (void)id;
@@ -87,8 +104,10 @@ struct Entry {
 };
 
 #define FN(f) reinterpret_cast<void*>(&(f))
-#define E(name, version, f) {name, version, FN(f), nullptr}
-#define EP(name, version, f, twin) {name, version, FN(f), FN(twin)}
+#define E(name, version, f) \
+  { name, version, FN(f), nullptr }
+#define EP(name, version, f, twin) \
+  { name, version, FN(f), FN(twin) }
 
 const Entry kEntries[] = {
     E("cuInit", 2000, cuInit),
@@ -158,7 +177,8 @@ const Entry kEntries[] = {
     EP("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz),
     EP("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
     EP("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz),
-    EP("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz),
+    EP("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph,
+       cuStreamBeginCaptureToGraph_ptsz),
     EP("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz),
     EP("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
     EP("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz),
@@ -195,7 +215,8 @@ const Entry kEntries[] = {
     E("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
     E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
-    EP("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz),
+    EP("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams,
+       cuGraphInstantiateWithParams_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     EP("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     EP("cuGraphUpload", 11010, cuGraphUpload, cuGraphUpload_ptsz),
@@ -214,8 +235,8 @@ const Entry kEntries[] = {
 CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
                 CUdriverProcAddressQueryResult* status) {
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  constexpr cuuint64_t kKnown = CU_GET_PROC_ADDRESS_LEGACY_STREAM |
-                                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  constexpr cuuint64_t kKnown =
+      CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   const Entry* best = nullptr;
   bool exists = false;

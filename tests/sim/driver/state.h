@@ -43,15 +43,15 @@ bool initialized();
 CUresult fault_check(const char* function);
 
 // Every public entry point starts with this: host-function rule, cuInit, fault injection.
-#define SIM_ENTER()                                                          \
-  do {                                                                       \
-    if (::vsim::tls_in_host_fn) return CUDA_ERROR_NOT_PERMITTED;             \
-    if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;           \
+#define SIM_ENTER()                                                             \
+  do {                                                                          \
+    if (::vsim::tls_in_host_fn) return CUDA_ERROR_NOT_PERMITTED;                \
+    if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;              \
     if (CUresult sim_fault_ = ::vsim::fault_check(__func__)) return sim_fault_; \
   } while (0)
 
-#define SIM_TRY(expr)                           \
-  do {                                          \
+#define SIM_TRY(expr)                              \
+  do {                                             \
     if (CUresult sim_rc_ = (expr)) return sim_rc_; \
   } while (0)
 
@@ -110,11 +110,11 @@ struct Node {
   // CU_GRAPH_NODE_TYPE_KERNEL
   Function* function = nullptr;
   vaswap_sim_dims dims{};
-  std::vector<uint8_t> args;       // packed parameter buffer
-  std::vector<void*> arg_ptrs;     // kernelParams form: pointers into `args`
-  bool via_extra = false;          // launched with a packed `extra` buffer
+  std::vector<uint8_t> args;    // packed parameter buffer
+  std::vector<void*> arg_ptrs;  // kernelParams form: pointers into `args`
+  bool via_extra = false;       // launched with a packed `extra` buffer
   size_t extra_size = 0;
-  std::vector<void*> extra;        // extra form: {BUFFER_POINTER, args, BUFFER_SIZE, &extra_size, END}
+  std::vector<void*> extra;  // extra form: {BUFFER_POINTER, args, BUFFER_SIZE, &extra_size, END}
   // CU_GRAPH_NODE_TYPE_MEMCPY
   CUDA_MEMCPY3D copy{};
   // CU_GRAPH_NODE_TYPE_MEMSET

@@ -388,7 +388,8 @@ CUresult CUDAAPI cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
 
 CUresult CUDAAPI cuEventCreate(CUevent* ph, unsigned int flags) {
   SIM_ENTER();
-  constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  constexpr unsigned kKnown =
+      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (ph == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   auto e = std::make_shared<Event>();
   e->flags = flags;
@@ -407,7 +408,7 @@ CUresult CUDAAPI cuEventDestroy_v2(CUevent h) {
 
 CUresult CUDAAPI cuEventRecordWithFlags(CUevent he, CUstream hs, unsigned int flags) {
   SIM_ENTER();
-  if (flags != 0 && flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;
   auto e = lookup_event(he);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   std::shared_ptr<Stream> s;
@@ -437,7 +438,9 @@ CUresult CUDAAPI cuEventRecordWithFlags(CUevent he, CUstream hs, unsigned int fl
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuEventRecord(CUevent he, CUstream hs) { return cuEventRecordWithFlags(he, hs, 0); }
+CUresult CUDAAPI cuEventRecord(CUevent he, CUstream hs) {
+  return cuEventRecordWithFlags(he, hs, 0);
+}
 
 CUresult CUDAAPI cuEventQuery(CUevent he) {
   SIM_ENTER();
@@ -483,7 +486,7 @@ CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent hstart, CUevent hend) 
 
 CUresult CUDAAPI cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
   SIM_ENTER();
-  if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;
   auto e = lookup_event(he);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   std::shared_ptr<Stream> s;
@@ -610,8 +613,7 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status)
 }
 
 CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status,
-                                           cuuint64_t* id, CUgraph* graph,
-                                           const CUgraphNode** deps,
+                                           cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
                                            const CUgraphEdgeData** edge_data, size_t* num_deps) {
   SIM_ENTER();
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;

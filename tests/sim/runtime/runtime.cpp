@@ -30,15 +30,19 @@ namespace {
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
 
+// NOLINTBEGIN(bugprone-branch-clone): CUDA_ERROR_UNKNOWN and the default both map to
+// cudaErrorUnknown
 cudaError_t to_runtime(CUresult rc) {
   switch (rc) {
 #define SIM_ERROR(cu, rt, text) \
-  case cu: return rt;
+  case cu:                      \
+    return rt;
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
     default: return cudaErrorUnknown;
   }
 }
+// NOLINTEND(bugprone-branch-clone)
 
 thread_local cudaError_t tls_last_error = cudaSuccess;
 
@@ -52,22 +56,24 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
 // The driver, resolved through cuGetProcAddress
 // ---------------------------------------------------------------------------------------------
 
+// clang-format off
 #define SIM_DRIVER_FUNCTIONS(X)                                                                  \
-  X(cuInit) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDriverGetVersion)                   \
-  X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) \
-  X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemGetInfo) X(cuMemHostAlloc) X(cuMemAllocHost)      \
-  X(cuMemFreeHost) X(cuMemHostGetFlags) X(cuPointerGetAttribute) X(cuMemcpy) X(cuMemcpyHtoD)    \
-  X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)    \
-  X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuStreamCreateWithPriority)           \
-  X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)               \
-  X(cuLaunchHostFunc) X(cuStreamBeginCapture) X(cuStreamBeginCaptureToGraph)                    \
-  X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo)                        \
+  X(cuInit) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDriverGetVersion)                    \
+  X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree)  \
+  X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemGetInfo) X(cuMemHostAlloc) X(cuMemAllocHost)       \
+  X(cuMemFreeHost) X(cuMemHostGetFlags) X(cuPointerGetAttribute) X(cuMemcpy) X(cuMemcpyHtoD)     \
+  X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)     \
+  X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuStreamCreateWithPriority)            \
+  X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)                \
+  X(cuLaunchHostFunc) X(cuStreamBeginCapture) X(cuStreamBeginCaptureToGraph)                     \
+  X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo)                         \
   X(cuThreadExchangeStreamCaptureMode) X(cuEventCreate) X(cuEventDestroy)                        \
-  X(cuEventRecordWithFlags) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)         \
-  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx)              \
-  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)                   \
-  X(cuGraphKernelNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphInstantiateWithFlags) \
+  X(cuEventRecordWithFlags) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)          \
+  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx)               \
+  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)                    \
+  X(cuGraphKernelNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphInstantiateWithFlags)  \
   X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)
+// clang-format on
 
 struct Driver {
 #define SIM_DECLARE(name) decltype(&::name) name = nullptr;
@@ -110,19 +116,21 @@ CUresult load_driver(Runtime& r) {
     std::fprintf(stderr, "vaswap simulated runtime: cannot load libcuda.so.1: %s\n", dlerror());
     return CUDA_ERROR_NO_DEVICE;
   }
-  r.d.getProcAddress = reinterpret_cast<decltype(r.d.getProcAddress)>(dlsym(lib, "cuGetProcAddress_v2"));
+  r.d.getProcAddress =
+      reinterpret_cast<decltype(r.d.getProcAddress)>(dlsym(lib, "cuGetProcAddress_v2"));
   if (r.d.getProcAddress == nullptr) return CUDA_ERROR_NOT_FOUND;
   CUdriverProcAddressQueryResult status{};
-#define SIM_RESOLVE(name)                                                                       \
+#define SIM_RESOLVE(name)                                                                        \
   if (CUresult rc = r.d.getProcAddress(#name, reinterpret_cast<void**>(&r.d.name), CUDA_VERSION, \
-                                       CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)) {           \
-    std::fprintf(stderr, "vaswap simulated runtime: driver lacks %s\n", #name);                 \
-    return rc;                                                                                  \
+                                       CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)) {            \
+    std::fprintf(stderr, "vaswap simulated runtime: driver lacks %s\n", #name);                  \
+    return rc;                                                                                   \
   }
   SIM_DRIVER_FUNCTIONS(SIM_RESOLVE)
 #undef SIM_RESOLVE
   // Optional: a real driver has no fault injection.
-  r.d.getProcAddress("vaswapSimFaultCheck", reinterpret_cast<void**>(&r.d.faultCheck), 0, 0, &status);
+  r.d.getProcAddress("vaswapSimFaultCheck", reinterpret_cast<void**>(&r.d.faultCheck), 0, 0,
+                     &status);
 
   if (CUresult rc = r.d.cuInit(0)) return rc;
   if (CUresult rc = r.d.cuDeviceGetCount(&r.device_count)) return rc;
@@ -158,8 +166,8 @@ cudaError_t enter(const char* function) {
   return cudaSuccess;
 }
 
-#define RT_ENTER()                                         \
-  do {                                                     \
+#define RT_ENTER()                                               \
+  do {                                                           \
     if (cudaError_t rt_e_ = enter(__func__)) return note(rt_e_); \
   } while (0)
 
@@ -208,7 +216,8 @@ cudaError_t kernel_function(const void* host_fun, CUfunction* out) {
 SIM_API void** __cudaRegisterFatBinary(void* wrapper) {
   auto* fb = new FatBinary;
   const auto* w = static_cast<const vaswap_sim_fatbin_wrapper*>(wrapper);
-  if (w != nullptr && static_cast<uint32_t>(w->magic) == VASWAP_SIM_IMAGE_MAGIC) fb->image = w->data;
+  if (w != nullptr && static_cast<uint32_t>(w->magic) == VASWAP_SIM_IMAGE_MAGIC)
+    fb->image = w->data;
   return reinterpret_cast<void**>(fb);
 }
 
@@ -221,7 +230,8 @@ SIM_API void __cudaUnregisterFatBinary(void** handle) {
 SIM_API void __cudaRegisterFunction(void** handle, const char* host_fun, char* device_fun,
                                     const char* device_name, int thread_limit, uint3* tid,
                                     uint3* bid, dim3* block, dim3* grid, int* warp_size) {
-  (void)device_fun, (void)thread_limit, (void)tid, (void)bid, (void)block, (void)grid, (void)warp_size;
+  (void)device_fun, (void)thread_limit, (void)tid, (void)bid, (void)block, (void)grid,
+      (void)warp_size;
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
   Kernel& k = r.kernels[host_fun];
@@ -236,7 +246,8 @@ SIM_API void __cudaRegisterFunction(void** handle, const char* host_fun, char* d
 SIM_API const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
 #define SIM_ERROR(cu, rt, text) \
-  case rt: return #rt;
+  case rt:                      \
+    return #rt;
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
     default: return "unrecognized error code";
@@ -246,7 +257,8 @@ SIM_API const char* cudaGetErrorName(cudaError_t error) {
 SIM_API const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
 #define SIM_ERROR(cu, rt, text) \
-  case rt: return text;
+  case rt:                      \
+    return text;
 #include "vaswap_sim/errors.def"
 #undef SIM_ERROR
     default: return "unrecognized error code";
@@ -398,7 +410,8 @@ SIM_API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const 
   if (attr == nullptr) return note(cudaErrorInvalidValue);
   unsigned type = 0;
   *attr = cudaPointerAttributes{};
-  if (drv().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(ptr)) != CUDA_SUCCESS) {
+  if (drv().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(ptr)) !=
+      CUDA_SUCCESS) {
     attr->type = cudaMemoryTypeUnregistered;
     attr->device = cudaInvalidDeviceId;
     attr->hostPointer = const_cast<void*>(ptr);
@@ -423,15 +436,18 @@ static CUresult copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind ki
   Driver& d = drv();
   switch (kind) {
     case cudaMemcpyHostToDevice:
-      return async ? d.cuMemcpyHtoDAsync(dptr(dst), src, bytes, cu(s)) : d.cuMemcpyHtoD(dptr(dst), src, bytes);
+      return async ? d.cuMemcpyHtoDAsync(dptr(dst), src, bytes, cu(s))
+                   : d.cuMemcpyHtoD(dptr(dst), src, bytes);
     case cudaMemcpyDeviceToHost:
-      return async ? d.cuMemcpyDtoHAsync(dst, dptr(src), bytes, cu(s)) : d.cuMemcpyDtoH(dst, dptr(src), bytes);
+      return async ? d.cuMemcpyDtoHAsync(dst, dptr(src), bytes, cu(s))
+                   : d.cuMemcpyDtoH(dst, dptr(src), bytes);
     case cudaMemcpyDeviceToDevice:
       return async ? d.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, cu(s))
                    : d.cuMemcpyDtoD(dptr(dst), dptr(src), bytes);
     case cudaMemcpyHostToHost:
     case cudaMemcpyDefault:
-      return async ? d.cuMemcpyAsync(dptr(dst), dptr(src), bytes, cu(s)) : d.cuMemcpy(dptr(dst), dptr(src), bytes);
+      return async ? d.cuMemcpyAsync(dptr(dst), dptr(src), bytes, cu(s))
+                   : d.cuMemcpy(dptr(dst), dptr(src), bytes);
   }
   return CUDA_ERROR_INVALID_VALUE;
 }
@@ -463,7 +479,8 @@ SIM_API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStre
 // Streams and events
 // -----------------------------------------------------------------------------------------------
 
-SIM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+SIM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags,
+                                                 int priority) {
   RT_ENTER();
   return note(drv().cuStreamCreateWithPriority(reinterpret_cast<CUstream*>(s), flags, priority));
 }
@@ -544,7 +561,8 @@ SIM_API cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, vo
                                    static_cast<unsigned>(shared_bytes), cu(s), args, nullptr));
 }
 
-SIM_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+SIM_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
+                                        void** args) {
   RT_ENTER();
   if (config == nullptr) return note(cudaErrorInvalidValue);
   CUfunction f = nullptr;
@@ -591,14 +609,15 @@ SIM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureSt
                                              const cudaGraphNode_t** deps,
                                              const cudaGraphEdgeData** edges, size_t* n) {
   RT_ENTER();
-  return note(drv().cuStreamGetCaptureInfo(cu(s), reinterpret_cast<CUstreamCaptureStatus*>(status),
-                                           reinterpret_cast<cuuint64_t*>(id), reinterpret_cast<CUgraph*>(g),
-                                           reinterpret_cast<const CUgraphNode**>(deps),
-                                           reinterpret_cast<const CUgraphEdgeData**>(edges), n));
+  return note(drv().cuStreamGetCaptureInfo(
+      cu(s), reinterpret_cast<CUstreamCaptureStatus*>(status), reinterpret_cast<cuuint64_t*>(id),
+      reinterpret_cast<CUgraph*>(g), reinterpret_cast<const CUgraphNode**>(deps),
+      reinterpret_cast<const CUgraphEdgeData**>(edges), n));
 }
 SIM_API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   RT_ENTER();
-  return note(drv().cuThreadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode*>(mode)));
+  return note(
+      drv().cuThreadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode*>(mode)));
 }
 
 SIM_API cudaError_t cudaGraphCreate(cudaGraph_t* g, unsigned int flags) {
@@ -638,7 +657,8 @@ SIM_API cudaError_t cudaGraphKernelNodeGetParams(cudaGraphNode_t node, cudaKerne
   p->extra = k.extra;
   return cudaSuccess;
 }
-SIM_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long flags) {
+SIM_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g,
+                                         unsigned long long flags) {
   RT_ENTER();
   return note(drv().cuGraphInstantiateWithFlags(reinterpret_cast<CUgraphExec*>(e), cu(g), flags));
 }
@@ -651,8 +671,9 @@ SIM_API cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t* e, cudaGraph
                                                    cudaGraphInstantiateParams* p) {
   RT_ENTER();
   static_assert(sizeof(cudaGraphInstantiateParams) == sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS), "ABI");
-  return note(drv().cuGraphInstantiateWithParams(reinterpret_cast<CUgraphExec*>(e), cu(g),
-                                                 reinterpret_cast<CUDA_GRAPH_INSTANTIATE_PARAMS*>(p)));
+  return note(
+      drv().cuGraphInstantiateWithParams(reinterpret_cast<CUgraphExec*>(e), cu(g),
+                                         reinterpret_cast<CUDA_GRAPH_INSTANTIATE_PARAMS*>(p)));
 }
 SIM_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
   RT_ENTER();
@@ -679,7 +700,8 @@ SIM_API cudaError_t cudaMemset_ptds(void* p, int v, size_t n) {
   if (cudaError_t e = cudaMemsetAsync(p, v, n, cudaStreamPerThread)) return e;
   return cudaStreamSynchronize(cudaStreamPerThread);
 }
-SIM_API cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+SIM_API cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k,
+                                         cudaStream_t st) {
   return cudaMemcpyAsync(d, s, n, k, per_thread(st));
 }
 SIM_API cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t st) {
@@ -688,20 +710,29 @@ SIM_API cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t 
 SIM_API cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t st) {
   return cudaMallocAsync(p, n, per_thread(st));
 }
-SIM_API cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t st) { return cudaFreeAsync(p, per_thread(st)); }
-SIM_API cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t st) { return cudaStreamSynchronize(per_thread(st)); }
-SIM_API cudaError_t cudaStreamQuery_ptsz(cudaStream_t st) { return cudaStreamQuery(per_thread(st)); }
+SIM_API cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t st) {
+  return cudaFreeAsync(p, per_thread(st));
+}
+SIM_API cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t st) {
+  return cudaStreamSynchronize(per_thread(st));
+}
+SIM_API cudaError_t cudaStreamQuery_ptsz(cudaStream_t st) {
+  return cudaStreamQuery(per_thread(st));
+}
 SIM_API cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t st, cudaEvent_t e, unsigned f) {
   return cudaStreamWaitEvent(per_thread(st), e, f);
 }
-SIM_API cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t st) { return cudaEventRecord(e, per_thread(st)); }
+SIM_API cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t st) {
+  return cudaEventRecord(e, per_thread(st));
+}
 SIM_API cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t st, unsigned f) {
   return cudaEventRecordWithFlags(e, per_thread(st), f);
 }
 SIM_API cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t st, cudaHostFn_t fn, void* d) {
   return cudaLaunchHostFunc(per_thread(st), fn, d);
 }
-SIM_API cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t shm, cudaStream_t st) {
+SIM_API cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t shm,
+                                          cudaStream_t st) {
   return cudaLaunchKernel(f, g, b, a, shm, per_thread(st));
 }
 SIM_API cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f, void** a) {
@@ -719,5 +750,9 @@ SIM_API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t st, cudaGraph_t* g) {
 SIM_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t st, cudaStreamCaptureStatus* s) {
   return cudaStreamIsCapturing(per_thread(st), s);
 }
-SIM_API cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t e, cudaStream_t st) { return cudaGraphLaunch(e, per_thread(st)); }
-SIM_API cudaError_t cudaGraphUpload_ptsz(cudaGraphExec_t e, cudaStream_t st) { return cudaGraphUpload(e, per_thread(st)); }
+SIM_API cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t e, cudaStream_t st) {
+  return cudaGraphLaunch(e, per_thread(st));
+}
+SIM_API cudaError_t cudaGraphUpload_ptsz(cudaGraphExec_t e, cudaStream_t st) {
+  return cudaGraphUpload(e, per_thread(st));
+}

@@ -56,7 +56,8 @@ TEST_F(GraphTest, KernelNodeReportsKernelParamsWhenLaunchedWithThem) {
   auto* dst = reinterpret_cast<uint32_t*>(a_);
   auto* src = reinterpret_cast<uint32_t*>(b_);
   CUgraph g = nullptr;
-  CUgraphNode node = capture_one([&] { ASSERT_CU(sim_kernels::launch_add(s_, dst, src, 9, 256)); }, &g);
+  CUgraphNode node =
+      capture_one([&] { ASSERT_CU(sim_kernels::launch_add(s_, dst, src, 9, 256)); }, &g);
   CUgraphNodeType type{};
   ASSERT_CU(cuGraphNodeGetType(node, &type));
   ASSERT_EQ(CU_GRAPH_NODE_TYPE_KERNEL, type);
@@ -83,7 +84,8 @@ TEST_F(GraphTest, KernelNodeReportsThePackedExtraBufferWhenLaunchedWithOne) {
   CUgraph g = nullptr;
   CUgraphNode node = capture_one(
       [&] {
-        ASSERT_CU(cuLaunchKernel(sim_kernels::get("add_u32"), 1, 1, 1, 32, 1, 1, 0, s_, nullptr, extra));
+        ASSERT_CU(
+            cuLaunchKernel(sim_kernels::get("add_u32"), 1, 1, 1, 32, 1, 1, 0, s_, nullptr, extra));
       },
       &g);
   packed.value = 0;  // the node holds its own copy
@@ -117,7 +119,8 @@ TEST_F(GraphTest, KernelNodeReportsThePackedExtraBufferWhenLaunchedWithOne) {
 TEST_F(GraphTest, MemcpyNodeReportsItsAddressesAndKinds) {
   std::vector<uint32_t> host(64, 3);
   CUgraph g = nullptr;
-  CUgraphNode node = capture_one([&] { ASSERT_CU(cuMemcpyHtoDAsync(a_, host.data(), 256, s_)); }, &g);
+  CUgraphNode node =
+      capture_one([&] { ASSERT_CU(cuMemcpyHtoDAsync(a_, host.data(), 256, s_)); }, &g);
   CUDA_MEMCPY3D c{};
   ASSERT_CU(cuGraphMemcpyNodeGetParams(node, &c));
   EXPECT_EQ(CU_MEMORYTYPE_HOST, c.srcMemoryType);
@@ -216,7 +219,8 @@ TEST(ProcAddressTest, TooOldAVersionIsReportedAsSuch) {
   ASSERT_CU(cuInit(0));
   void* fn = reinterpret_cast<void*>(0x1);
   CUdriverProcAddressQueryResult status{};
-  EXPECT_CU_ERR(CUDA_ERROR_NOT_FOUND, cuGetProcAddress("cuStreamGetCaptureInfo", &fn, 12000, 0, &status));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_FOUND,
+                cuGetProcAddress("cuStreamGetCaptureInfo", &fn, 12000, 0, &status));
   EXPECT_EQ(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, status);
   EXPECT_EQ(nullptr, fn);
 }
@@ -235,13 +239,17 @@ TEST(ProcAddressTest, PerThreadFlagSelectsThePtszTwin) {
   ASSERT_CU(cuInit(0));
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status{};
-  ASSERT_CU(cuGetProcAddress("cuLaunchKernel", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+  ASSERT_CU(cuGetProcAddress("cuLaunchKernel", &fn, 13000,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   EXPECT_EQ(driver_symbol("cuLaunchKernel_ptsz"), fn);
-  ASSERT_CU(cuGetProcAddress("cuMemcpyHtoD", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+  ASSERT_CU(cuGetProcAddress("cuMemcpyHtoD", &fn, 13000,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   EXPECT_EQ(driver_symbol("cuMemcpyHtoD_v2_ptds"), fn);
-  ASSERT_CU(cuGetProcAddress("cuLaunchKernel", &fn, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status));
+  ASSERT_CU(
+      cuGetProcAddress("cuLaunchKernel", &fn, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status));
   EXPECT_EQ(driver_symbol("cuLaunchKernel"), fn);
-  ASSERT_CU(cuGetProcAddress("cuMemCreate", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+  ASSERT_CU(cuGetProcAddress("cuMemCreate", &fn, 13000,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   EXPECT_EQ(driver_symbol("cuMemCreate"), fn) << "calls without a stream have no twin";
 }
 

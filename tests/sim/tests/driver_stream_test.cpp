@@ -74,7 +74,8 @@ TEST_F(StreamTest, StreamWaitEventOrdersWorkAcrossStreams) {
   ASSERT_CU(sim_kernels::launch_add(consumer, words, words, 41, 64));
   ASSERT_CU(cuMemcpyDtoHAsync(out.data(), buf, 64 * sizeof(uint32_t), consumer));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(consumer)) << "consumer must wait for the event";
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(consumer))
+      << "consumer must wait for the event";
   gate.release();
   ASSERT_CU(cuStreamSynchronize(consumer));
   for (uint32_t v : out) ASSERT_EQ(42u, v);

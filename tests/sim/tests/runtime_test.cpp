@@ -11,7 +11,9 @@ VSK_GLOBAL void rt_scale(uint32_t* y, const uint32_t* x, uint32_t a, uint32_t n)
 }
 VSK_REGISTER(rt_scale)
 
-VSK_GLOBAL void rt_mixed(uint8_t tag, double d, uint32_t* out) { out[0] = tag + static_cast<uint32_t>(d); }
+VSK_GLOBAL void rt_mixed(uint8_t tag, double d, uint32_t* out) {
+  out[0] = tag + static_cast<uint32_t>(d);
+}
 VSK_REGISTER(rt_mixed)
 
 namespace {
@@ -37,7 +39,8 @@ TEST_F(RuntimeTest, LaunchesAKernelRegisteredLikeNvccDoes) {
   ASSERT_RT(cudaMemcpy(x, host.data(), 4000, cudaMemcpyHostToDevice));
   uint32_t a = 3, n = 1000;
   void* args[] = {&y, &x, &a, &n};
-  ASSERT_RT(cudaLaunchKernel(reinterpret_cast<const void*>(rt_scale), dim3(4), dim3(256), args, 0, nullptr));
+  ASSERT_RT(cudaLaunchKernel(reinterpret_cast<const void*>(rt_scale), dim3(4), dim3(256), args, 0,
+                             nullptr));
   ASSERT_RT(cudaMemcpy(host.data(), y, 4000, cudaMemcpyDeviceToHost));
   for (uint32_t i = 0; i < 1000; ++i) ASSERT_EQ(3 * i, host[i]);
   ASSERT_RT(cudaFree(x));
@@ -98,7 +101,8 @@ TEST_F(RuntimeTest, RuntimeCallsReachTheDriverThroughItsResolvedEntryPoints) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status{};
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // deprecated, yet programs still call it
+#pragma GCC diagnostic ignored \
+    "-Wdeprecated-declarations"  // deprecated, yet programs still call it
   ASSERT_RT(cudaGetDriverEntryPoint("cuMemAlloc", &fn, cudaEnableDefault, &status));
 #pragma GCC diagnostic pop
   EXPECT_EQ(cudaDriverEntryPointSuccess, status);
@@ -106,7 +110,7 @@ TEST_F(RuntimeTest, RuntimeCallsReachTheDriverThroughItsResolvedEntryPoints) {
   ASSERT_NE(nullptr, lib);
   EXPECT_EQ(dlsym(lib, "cuMemAlloc_v2"), fn);
   ASSERT_RT(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 13000,
-                                              cudaEnablePerThreadDefaultStream, &status));
+                                             cudaEnablePerThreadDefaultStream, &status));
   EXPECT_EQ(dlsym(lib, "cuLaunchKernel_ptsz"), fn);
   dlclose(lib);
 }
@@ -147,7 +151,8 @@ TEST_F(RuntimeTest, CaptureAndReplayThroughTheRuntime) {
   ASSERT_RT(cudaThreadExchangeStreamCaptureMode(&mode));
   uint32_t a = 2, n = 64;
   void* args[] = {&y, &x, &a, &n};
-  ASSERT_RT(cudaLaunchKernel(reinterpret_cast<const void*>(rt_scale), dim3(1), dim3(64), args, 0, s));
+  ASSERT_RT(
+      cudaLaunchKernel(reinterpret_cast<const void*>(rt_scale), dim3(1), dim3(64), args, 0, s));
   cudaGraph_t g = nullptr;
   ASSERT_RT(cudaStreamEndCapture(s, &g));
   cudaGraphNode_t node = nullptr;

@@ -102,7 +102,8 @@ inline const vaswap_sim_kernel_desc kKernels[] = {
     {"add_u32", &add_u32_entry, 4, kAddOffsets, kAddSizes, 24},
     {"abi_probe", &abi_probe_entry, 4, kProbeOffsets, kProbeSizes, 32},
 };
-inline const vaswap_sim_image kImage = {VASWAP_SIM_IMAGE_MAGIC, VASWAP_SIM_IMAGE_VERSION, 2, kKernels};
+inline const vaswap_sim_image kImage = {VASWAP_SIM_IMAGE_MAGIC, VASWAP_SIM_IMAGE_VERSION, 2,
+                                        kKernels};
 
 inline CUfunction get(const char* name) {
   static CUmodule module = [] {
@@ -115,7 +116,8 @@ inline CUfunction get(const char* name) {
   return f;
 }
 
-inline CUresult launch_add(CUstream s, uint32_t* dst, const uint32_t* src, uint32_t value, uint32_t n) {
+inline CUresult launch_add(CUstream s, uint32_t* dst, const uint32_t* src, uint32_t value,
+                           uint32_t n) {
   void* args[] = {&dst, &src, &value, &n};
   return cuLaunchKernel(get("add_u32"), 1, 1, 1, 128, 1, 1, 0, s, args, nullptr);
 }

@@ -24,7 +24,7 @@
 #if defined(__CUDACC__)
 
 #define VSK_GLOBAL __global__
-#define VSK_FOR(i, n)                                                                   \
+#define VSK_FOR(i, n)                                                             \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
        i += (size_t)blockDim.x * gridDim.x)
 #define VSK_REGISTER(kernel)
@@ -50,8 +50,9 @@ void __cudaRegisterFunction(void** fatCubinHandle, const char* hostFun, char* de
 
 #define VSK_GLOBAL
 #define VSK_FOR(i, n) for (size_t i = 0; i < (size_t)(n); ++i)
-#define VSK_REGISTER(kernel) \
-  static const ::vaswap_sim::KernelRegistrar<decltype(&kernel), &kernel> vsk_registrar_##kernel{#kernel};
+#define VSK_REGISTER(kernel)                                                                     \
+  static const ::vaswap_sim::KernelRegistrar<decltype(&kernel), &kernel> vsk_registrar_##kernel{ \
+      #kernel};
 
 namespace vaswap_sim {
 
@@ -92,15 +93,15 @@ struct KernelRegistrar<void (*)(Args...), Fn> {
   }
   template <size_t... I>
   static void call(const void* args, std::index_sequence<I...>) {
-    Fn(load<std::decay_t<Args>>(args, I)...);
+    Fn(load<std::decay_t<Args> >(args, I)...);
   }
   static void entry(const void* args, const vaswap_sim_dims*) {
     call(args, std::index_sequence_for<Args...>{});
   }
 
   explicit KernelRegistrar(const char* name) {
-    desc_ = {name, &entry, static_cast<uint32_t>(sizeof...(Args)), layout.offsets, layout.sizes,
-             layout.bytes};
+    desc_ = {name,           &entry,       static_cast<uint32_t>(sizeof...(Args)),
+             layout.offsets, layout.sizes, layout.bytes};
     image_ = {VASWAP_SIM_IMAGE_MAGIC, VASWAP_SIM_IMAGE_VERSION, 1, &desc_};
     wrapper_ = {static_cast<int>(VASWAP_SIM_IMAGE_MAGIC), 1, &image_, nullptr};
     void** handle = __cudaRegisterFatBinary(&wrapper_);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# README's test command. Sets up what is missing, then builds and runs the whole suite twice:
+# plain, and with AddressSanitizer + UndefinedBehaviorSanitizer. Warnings are errors. Also
+# checks formatting (clang-format) and lints (clang-tidy).
+#
+#   scripts/test.sh              everything (what CI runs)
+#   scripts/test.sh plain        one variant: plain | sanitize | lint
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+
+jobs=$(nproc)
+variants=("$@")
+((${#variants[@]})) || variants=(lint plain sanitize)
+
+build_and_test() {
+  local name=$1
+  shift
+  echo "=== vaswap: $name build"
+  cmake -S . -B "build/$name" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVASWAP_WERROR=ON "$@" >/dev/null
+  cmake --build "build/$name" -j"$jobs"
+  echo "=== vaswap: $name tests"
+  (cd "build/$name" && ctest --output-on-failure -j"$jobs" --timeout 900)
+}
+
+for v in "${variants[@]}"; do
+  case "$v" in
+    plain) build_and_test plain ;;
+    sanitize)
+      # LSan reports leaks at exit; UBSan stops at the first finding.
+      ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+        build_and_test sanitize -DVASWAP_SANITIZE=ON ;;
+    lint) bash scripts/lint.sh ;;
+    *) echo "scripts/test.sh: unknown variant '$v' (plain, sanitize, lint)" >&2; exit 2 ;;
+  esac
+done
