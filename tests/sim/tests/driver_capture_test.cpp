@@ -16,6 +16,20 @@ class CaptureTest : public SimTest {
   CUstream s_ = nullptr;
 };
 
+// cuMemAlloc (a potentially unsafe call) from a fresh thread whose capture mode is `mode`.
+CUresult alloc_from_thread_in_mode(CUstreamCaptureMode mode, CUdeviceptr* p) {
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  std::thread other([&] {
+    bind_device(0);
+    CUstreamCaptureMode previous = mode;
+    EXPECT_EQ(CUDA_SUCCESS, cuThreadExchangeStreamCaptureMode(&previous));
+    EXPECT_EQ(CU_STREAM_CAPTURE_MODE_GLOBAL, previous) << "a thread starts in global mode";
+    rc = cuMemAlloc(p, 4096);
+  });
+  other.join();
+  return rc;
+}
+
 TEST_F(CaptureTest, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   CUdeviceptr buf = 0;
   ASSERT_CU(cuMemAlloc(&buf, 4096));
@@ -73,14 +87,9 @@ TEST_F(CaptureTest, GraphReplaysAgainstRemappedContents) {
 
 TEST_F(CaptureTest, UnsafeCallFromAnotherThreadInvalidatesAGlobalCapture) {
   ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  CUresult other_rc = CUDA_SUCCESS;
-  std::thread other([&] {
-    bind_device(0);
-    CUdeviceptr p = 0;
-    other_rc = cuMemAlloc(&p, 4096);
-  });
-  other.join();
-  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, other_rc);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            alloc_from_thread_in_mode(CU_STREAM_CAPTURE_MODE_GLOBAL, &p));
   CUstreamCaptureStatus status{};
   ASSERT_CU(cuStreamIsCapturing(s_, &status));
   EXPECT_EQ(CU_STREAM_CAPTURE_STATUS_INVALIDATED, status);
@@ -91,17 +100,8 @@ TEST_F(CaptureTest, UnsafeCallFromAnotherThreadInvalidatesAGlobalCapture) {
 
 TEST_F(CaptureTest, RelaxedThreadMayMakeUnsafeCallsDuringAGlobalCapture) {
   ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  CUresult other_rc = CUDA_ERROR_UNKNOWN;
   CUdeviceptr p = 0;
-  std::thread other([&] {
-    bind_device(0);
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    EXPECT_EQ(CUDA_SUCCESS, cuThreadExchangeStreamCaptureMode(&mode));
-    EXPECT_EQ(CU_STREAM_CAPTURE_MODE_GLOBAL, mode) << "the previous mode comes back";
-    other_rc = cuMemAlloc(&p, 4096);
-  });
-  other.join();
-  EXPECT_EQ(CUDA_SUCCESS, other_rc);
+  EXPECT_EQ(CUDA_SUCCESS, alloc_from_thread_in_mode(CU_STREAM_CAPTURE_MODE_RELAXED, &p));
   CUgraph g = nullptr;
   ASSERT_CU(cuStreamEndCapture(s_, &g));
   ASSERT_NE(nullptr, g);
@@ -111,16 +111,8 @@ TEST_F(CaptureTest, RelaxedThreadMayMakeUnsafeCallsDuringAGlobalCapture) {
 
 TEST_F(CaptureTest, ThreadLocalModeIgnoresOtherThreadsCaptures) {
   ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  CUresult other_rc = CUDA_ERROR_UNKNOWN;
   CUdeviceptr p = 0;
-  std::thread other([&] {
-    bind_device(0);
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    EXPECT_EQ(CUDA_SUCCESS, cuThreadExchangeStreamCaptureMode(&mode));
-    other_rc = cuMemAlloc(&p, 4096);
-  });
-  other.join();
-  EXPECT_EQ(CUDA_SUCCESS, other_rc);
+  EXPECT_EQ(CUDA_SUCCESS, alloc_from_thread_in_mode(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, &p));
   CUgraph g = nullptr;
   ASSERT_CU(cuStreamEndCapture(s_, &g));
   ASSERT_CU(cuGraphDestroy(g));
