@@ -129,7 +129,8 @@ Options parse(int argc, char** argv) {
       {"device", required_argument, nullptr, 'd'}, {"quiet", no_argument, nullptr, 'q'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   int c = 0;
-  while ((c = getopt_long(argc, argv, "", longs, nullptr)) != -1) {
+  int index = 0;
+  while ((c = getopt_long(argc, argv, "", longs, &index)) != -1) {
     long v = 0;
     bool ok = true;
     switch (c) {
@@ -159,7 +160,7 @@ Options parse(int argc, char** argv) {
     }
     if (!ok) {
       std::fprintf(stderr, "train_layers: --%s needs a whole number in range, got \"%s\"\n",
-                   longs[0].name, optarg);
+                   longs[index].name, optarg);
       usage(stderr);
       std::exit(2);
     }

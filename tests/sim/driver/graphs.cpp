@@ -15,9 +15,9 @@ std::mutex& graph_mutex() {
   static auto* m = new std::mutex;
   return *m;
 }
-std::set<Graph*>& graph_registry() {
-  static auto* s = new std::set<Graph*>;
-  return *s;
+std::map<Graph*, bool>& graph_registry() {  // graph -> owned by the application
+  static auto* m = new std::map<Graph*, bool>;
+  return *m;
 }
 std::unordered_map<GraphExec*, std::shared_ptr<GraphExec>>& exec_registry() {
   static auto* m = new std::unordered_map<GraphExec*, std::shared_ptr<GraphExec>>;
@@ -41,9 +41,14 @@ void rebind_kernel_args(Node* n) {
 
 }  // namespace
 
-void register_graph(Graph* g) {
+void register_graph(Graph* g, bool owned) {
   std::lock_guard<std::mutex> lock(graph_mutex());
-  graph_registry().insert(g);
+  graph_registry()[g] = owned;
+}
+
+Graph::~Graph() {
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  graph_registry().erase(this);
 }
 
 Graph* lookup_graph(CUgraph h) {
@@ -146,10 +151,14 @@ CUresult CUDAAPI cuGraphCreate(CUgraph* ph, unsigned int flags) {
 
 CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
   SIM_ENTER();
-  std::lock_guard<std::mutex> lock(graph_mutex());
   auto* g = reinterpret_cast<Graph*>(hg);
-  if (graph_registry().erase(g) == 0) return CUDA_ERROR_INVALID_VALUE;
-  delete g;
+  {
+    std::lock_guard<std::mutex> lock(graph_mutex());
+    auto it = graph_registry().find(g);
+    // A child-graph node's embedded graph belongs to that node.
+    if (it == graph_registry().end() || !it->second) return CUDA_ERROR_INVALID_VALUE;
+  }
+  delete g;  // unregisters itself, and its embedded child graphs
   return CUDA_SUCCESS;
 }
 
@@ -322,7 +331,7 @@ CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hn, CUgraph* out) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   // The embedded graph is owned by the node; register it so queries on it work.
-  register_graph(n->child.get());
+  register_graph(n->child.get(), /*owned=*/false);
   *out = reinterpret_cast<CUgraph>(n->child.get());
   return CUDA_SUCCESS;
 }
@@ -368,10 +377,16 @@ CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph hg,
 
 CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
   SIM_ENTER();
-  std::lock_guard<std::mutex> lock(graph_mutex());
   // A launch still in flight keeps its own reference; destruction completes after it.
-  return exec_registry().erase(reinterpret_cast<GraphExec*>(he)) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<GraphExec> last;  // released after the lock: ~Graph takes it
+  {
+    std::lock_guard<std::mutex> lock(graph_mutex());
+    auto it = exec_registry().find(reinterpret_cast<GraphExec*>(he));
+    if (it == exec_registry().end()) return CUDA_ERROR_INVALID_VALUE;
+    last = std::move(it->second);
+    exec_registry().erase(it);
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {

@@ -135,6 +135,11 @@ struct Graph {
   uint32_t magic = kMagic;
   std::vector<std::unique_ptr<Node>> nodes;  // insertion order is a topological order
 
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph();  // leaves the handle registry: a stale handle is then invalid, never dangling
+
   std::unique_ptr<Graph> clone() const;
   Node* add(std::unique_ptr<Node> node, const CUgraphNode* deps, size_t num_deps);
   void run() const;
@@ -148,7 +153,9 @@ struct GraphExec {
 };
 
 Graph* lookup_graph(CUgraph h);
-void register_graph(Graph* g);
+// Makes `g` a valid handle. `owned`: the application owns it and may cuGraphDestroy it;
+// otherwise it is embedded in a child-graph node, which owns it.
+void register_graph(Graph* g, bool owned = true);
 Node* lookup_node(CUgraphNode h);
 
 // ---------------------------------------------------------------------------------------------

@@ -171,8 +171,12 @@ TEST_F(GraphTest, ChildGraphNodeExposesACopyOfItsGraph) {
   ASSERT_CU(cuGraphLaunch(exec, s_));
   ASSERT_CU(cuStreamSynchronize(s_));
   EXPECT_EQ(5u, reinterpret_cast<uint32_t*>(a_)[255]);
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphDestroy(embedded))
+      << "the embedded graph belongs to its node";
   ASSERT_CU(cuGraphExecDestroy(exec));
   ASSERT_CU(cuGraphDestroy(parent));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphGetNodes(embedded, nullptr, &n))
+      << "the embedded graph's handle dies with its parent";
 }
 
 TEST_F(GraphTest, ExecutableGraphIsASnapshotAtInstantiation) {
