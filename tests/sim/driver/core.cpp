@@ -9,6 +9,7 @@
 namespace vsim {
 
 thread_local bool tls_in_host_fn = false;
+std::atomic<unsigned long long> g_host_fn_violations{0};
 thread_local bool tls_null_is_per_thread = false;
 
 namespace {
@@ -137,6 +138,10 @@ extern "C" int vaswapSimFaultCheck(const char* function) {
   armed_faults().erase(it);
   g_any_armed.store(!armed_faults().empty());
   return error;
+}
+
+extern "C" unsigned long long vaswapSimHostFnViolations(void) {
+  return g_host_fn_violations.load();
 }
 
 extern "C" unsigned long long vaswapSimPhysicalBytes(int device) {

@@ -226,6 +226,7 @@ const Entry kEntries[] = {
     E("vaswapSimClearFaults", 0, vaswapSimClearFaults),
     E("vaswapSimFaultCheck", 0, vaswapSimFaultCheck),
     E("vaswapSimPhysicalBytes", 0, vaswapSimPhysicalBytes),
+    E("vaswapSimHostFnViolations", 0, vaswapSimHostFnViolations),
 };
 
 #undef E

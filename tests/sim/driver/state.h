@@ -36,6 +36,8 @@ inline size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 // True while a stream worker runs a host function: CUDA calls from there are not permitted.
 extern thread_local bool tls_in_host_fn;
+// CUDA calls attempted from host functions (each refused); vaswapSimHostFnViolations reads it.
+extern std::atomic<unsigned long long> g_host_fn_violations;
 // Set by the _ptsz/_ptds entry points: the null stream means the per-thread stream.
 extern thread_local bool tls_null_is_per_thread;
 
@@ -45,7 +47,10 @@ CUresult fault_check(const char* function);
 // Every public entry point starts with this: host-function rule, cuInit, fault injection.
 #define SIM_ENTER()                                                             \
   do {                                                                          \
-    if (::vsim::tls_in_host_fn) return CUDA_ERROR_NOT_PERMITTED;                \
+    if (::vsim::tls_in_host_fn) {                                               \
+      ::vsim::g_host_fn_violations.fetch_add(1);                                \
+      return CUDA_ERROR_NOT_PERMITTED;                                          \
+    }                                                                           \
     if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;              \
     if (CUresult sim_fault_ = ::vsim::fault_check(__func__)) return sim_fault_; \
   } while (0)
@@ -207,6 +212,7 @@ struct Event {
   static constexpr uint32_t kMagic = 0x544e5645;  // "EVNT"
   uint32_t magic = kMagic;
   unsigned flags = 0;
+  int device = 0;  // of the context current at creation; recorded only on its streams
   std::mutex mu;
   std::shared_ptr<Stream> stream;  // where it was last recorded (outside capture)
   uint64_t ticket = 0;

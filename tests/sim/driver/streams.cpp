@@ -391,8 +391,11 @@ CUresult CUDAAPI cuEventCreate(CUevent* ph, unsigned int flags) {
   constexpr unsigned kKnown =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (ph == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  SIM_TRY(current_device(&device));
   auto e = std::make_shared<Event>();
   e->flags = flags;
+  e->device = device;
   std::lock_guard<std::mutex> lock(registry_mutex());
   event_registry()[e.get()] = e;
   *ph = reinterpret_cast<CUevent>(e.get());
@@ -413,6 +416,7 @@ CUresult CUDAAPI cuEventRecordWithFlags(CUevent he, CUstream hs, unsigned int fl
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(hs, &s));
+  if (s->device != e->device) return CUDA_ERROR_INVALID_HANDLE;  // as CUDA: one context for both
   std::lock_guard<std::mutex> capture_lock(capture_mutex());
   std::lock_guard<std::mutex> event_lock(e->mu);
   if (Capture* c = s->capture) {
@@ -475,7 +479,14 @@ CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent hstart, CUevent hend) 
   auto a = lookup_event(hstart);
   auto b = lookup_event(hend);
   if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
-  std::scoped_lock lock(a->mu, b->mu);
+  // One event may be both ends (0 ms, as on a GPU): lock it once.
+  std::unique_lock<std::mutex> lock_a(a->mu, std::defer_lock);
+  std::unique_lock<std::mutex> lock_b(b->mu, std::defer_lock);
+  if (a == b) {
+    lock_a.lock();
+  } else {
+    std::lock(lock_a, lock_b);
+  }
   if (((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) != 0 || !a->stream || !b->stream) {
     return CUDA_ERROR_INVALID_HANDLE;
   }

@@ -103,6 +103,8 @@ TEST_F(StreamTest, ElapsedTimeMeasuresWorkBetweenEvents) {
   EXPECT_GE(ms, 29.0f);
   EXPECT_LT(ms, 2000.0f);
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_HANDLE, cuEventElapsedTime(&ms, a, untimed));
+  ASSERT_CU(cuEventElapsedTime(&ms, b, b));  // one event as both ends
+  EXPECT_EQ(ms, 0.0f);
   for (CUevent e : {a, b, untimed}) ASSERT_CU(cuEventDestroy(e));
   ASSERT_CU(cuStreamDestroy(s));
 }
@@ -158,9 +160,28 @@ TEST_F(StreamTest, HostFunctionsMayNotCallCuda) {
         static_cast<Result*>(r)->rc = cuMemAlloc(&p, 4096);
       },
       &result));
+  const unsigned long long violations_before = vaswapSimHostFnViolations();
   ASSERT_CU(cuStreamSynchronize(s));
   EXPECT_EQ(CUDA_ERROR_NOT_PERMITTED, result.rc);
+  EXPECT_EQ(vaswapSimHostFnViolations() - violations_before, 1u);  // counted for vaswap's tests
   ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(StreamTest, EventsRecordOnlyOnStreamsOfTheirDevice) {
+  CUevent on_device0 = nullptr;
+  ASSERT_CU(cuEventCreate(&on_device0, 0));
+  bind_device(1);
+  CUstream s1 = nullptr;
+  ASSERT_CU(cuStreamCreate(&s1, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_HANDLE, cuEventRecord(on_device0, s1));
+  CUevent on_device1 = nullptr;
+  ASSERT_CU(cuEventCreate(&on_device1, 0));
+  ASSERT_CU(cuEventRecord(on_device1, s1));
+  ASSERT_CU(cuEventSynchronize(on_device1));
+  ASSERT_CU(cuStreamDestroy(s1));
+  ASSERT_CU(cuEventDestroy(on_device1));
+  bind_device(0);
+  ASSERT_CU(cuEventDestroy(on_device0));
 }
 
 TEST_F(StreamTest, SynchronousCopiesAndMemsetsMoveBytes) {

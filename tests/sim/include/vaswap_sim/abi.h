@@ -62,6 +62,9 @@ int vaswapSimInjectFault(const char* function, unsigned long long nth, int error
 void vaswapSimClearFaults(void);
 /* Counts one call of `function` and returns the armed error for it, or 0. */
 int vaswapSimFaultCheck(const char* function);
+/* CUDA calls attempted from inside host functions since the process started (each was refused
+ * with CUDA_ERROR_NOT_PERMITTED). */
+unsigned long long vaswapSimHostFnViolations(void);
 /* Physical bytes currently created on a device (handles, cuMemAlloc, async allocations). */
 unsigned long long vaswapSimPhysicalBytes(int device);
 

@@ -1,0 +1,85 @@
+#include "driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace vaswap {
+
+namespace {
+
+std::string error_name(const Driver& api, CUresult result) {
+  const char* name = nullptr;
+  if (api.cuGetErrorName != nullptr && api.cuGetErrorName(result, &name) == CUDA_SUCCESS &&
+      name != nullptr) {
+    return name;
+  }
+  return "CUresult " + std::to_string(static_cast<int>(result));
+}
+
+struct LoadedDriver {
+  Driver api;
+  std::string error;  // empty when `api` is complete and cuInit succeeded
+};
+
+template <class Fn>
+bool resolve(decltype(&::cuGetProcAddress) get_proc_address, const char* name, Fn* fn,
+             std::string* error) {
+  void* address = nullptr;
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult rc =
+      get_proc_address(name, &address, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+  if (rc != CUDA_SUCCESS || address == nullptr) {
+    *error = std::string("the CUDA driver has no ") + name + " for CUDA " +
+             std::to_string(CUDA_VERSION) + " (cuGetProcAddress status " + std::to_string(status) +
+             "); vaswap needs driver 580 or newer";
+    return false;
+  }
+  *fn = reinterpret_cast<Fn>(address);
+  return true;
+}
+
+LoadedDriver* load() {
+  auto* loaded = new LoadedDriver;  // leaked: workers use the table until the process exits
+  // RTLD_LOCAL: the driver is normally loaded already (the application's cudart opened it) and
+  // this only takes a reference; if it is not, it must not join the global scope on our account.
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = dlerror();
+    loaded->error = std::string("cannot load the CUDA driver libcuda.so.1: ") +
+                    (why != nullptr ? why : "unknown error");
+    return loaded;
+  }
+  auto get_proc_address =
+      reinterpret_cast<decltype(&::cuGetProcAddress)>(dlsym(library, "cuGetProcAddress_v2"));
+  if (get_proc_address == nullptr) {
+    loaded->error = "libcuda.so.1 has no cuGetProcAddress_v2; vaswap needs driver 580 or newer";
+    return loaded;
+  }
+#define VASWAP_RESOLVE(name) \
+  if (!resolve(get_proc_address, #name, &loaded->api.name, &loaded->error)) return loaded;
+  VASWAP_DRIVER_FUNCTIONS(VASWAP_RESOLVE)
+#undef VASWAP_RESOLVE
+  const CUresult rc = loaded->api.cuInit(0);
+  if (rc != CUDA_SUCCESS) loaded->error = "cuInit failed: " + error_name(loaded->api, rc);
+  return loaded;
+}
+
+}  // namespace
+
+const Driver* load_driver(std::string* error) {
+  static LoadedDriver* loaded = load();
+  if (!loaded->error.empty()) {
+    if (error != nullptr) *error = loaded->error;
+    return nullptr;
+  }
+  return &loaded->api;
+}
+
+std::string cuda_error_name(CUresult result) {
+  const Driver* driver = load_driver(nullptr);
+  return driver != nullptr ? error_name(*driver, result)
+                           : "CUresult " + std::to_string(static_cast<int>(result));
+}
+
+}  // namespace vaswap

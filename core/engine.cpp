@@ -1,0 +1,564 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <functional>
+#include <unordered_map>
+
+#include "errors.h"
+#include "log.h"
+#include "trace.h"
+
+namespace vaswap {
+
+namespace {}  // namespace
+
+// =============================================================================================
+// Context scope, slot description
+// =============================================================================================
+
+ContextScope::ContextScope(const Driver& driver, CUcontext context) : driver_(driver) {
+  if (driver_.cuCtxGetCurrent(&previous_) != CUDA_SUCCESS) previous_ = nullptr;
+  if (previous_ != context) switched_ = driver_.cuCtxSetCurrent(context) == CUDA_SUCCESS;
+}
+
+ContextScope::~ContextScope() {
+  if (switched_) driver_.cuCtxSetCurrent(previous_);
+}
+
+std::string Slot::describe() const {
+  return "slot " + std::to_string(id) + " (va " + hex(va) + ", " + byte_size(bytes) +
+         " on device " + std::to_string(device) + ")";
+}
+
+// =============================================================================================
+// Driver calls
+// =============================================================================================
+
+void Engine::check(CUresult result, const char* call, const std::string& subject) {
+  if (result == CUDA_SUCCESS) return;
+  errors_.fetch_add(1);
+  const std::string message = cuda_failure(call, result, subject);
+  log().error("{}", message);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::error)
+        .add("call", call)
+        .add("code", cuda_error_name(result))
+        .add("message", message)
+        .emit();
+  }
+  fail(VASWAP_ERROR_CUDA, message);
+}
+
+std::unique_lock<std::mutex> Engine::driver_call_lock() {
+  if (serial_.load()) return std::unique_lock<std::mutex>(driver_call_mutex_);
+  return std::unique_lock<std::mutex>();
+}
+
+// One physical handle for the whole range (DESIGN.md §7: cost grows with handles, not bytes).
+CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t bytes,
+                                               const std::string& subject, double* create_us,
+                                               double* map_us, double* access_us) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = d.ordinal;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+  auto lock = driver_call_lock();
+  CUmemGenericAllocationHandle handle = 0;
+  uint64_t t = trace::now_ns();
+  check(driver_.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate", subject);
+  *create_us = trace::us_since(t);
+  t = trace::now_ns();
+  CUresult rc = driver_.cuMemMap(va, bytes, 0, handle, 0);
+  if (rc != CUDA_SUCCESS) driver_.cuMemRelease(handle);
+  check(rc, "cuMemMap", subject);
+  *map_us = trace::us_since(t);
+  t = trace::now_ns();
+  rc = driver_.cuMemSetAccess(va, bytes, &access, 1);
+  if (rc != CUDA_SUCCESS) {
+    driver_.cuMemUnmap(va, bytes);
+    driver_.cuMemRelease(handle);
+  }
+  check(rc, "cuMemSetAccess", subject);
+  *access_us = trace::us_since(t);
+  return handle;
+}
+
+// Throws if the unmap fails (the pages stay mapped, nothing changed). A failed release after a
+// successful unmap is reported but not thrown: the address is free of pages either way.
+void Engine::unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
+                         const std::string& subject, double* unmap_us, double* release_us) {
+  auto lock = driver_call_lock();
+  uint64_t t = trace::now_ns();
+  check(driver_.cuMemUnmap(va, bytes), "cuMemUnmap", subject);
+  *unmap_us = trace::us_since(t);
+  t = trace::now_ns();
+  try {
+    check(driver_.cuMemRelease(handle), "cuMemRelease", subject);
+  } catch (const Error&) {
+    // Reported by check(); the handle's pages may stay allocated until the process exits.
+  }
+  *release_us = trace::us_since(t);
+}
+
+// =============================================================================================
+// Devices
+// =============================================================================================
+
+Device& Engine::device(int ordinal) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int count = 0;
+  check(driver_.cuDeviceGetCount(&count), "cuDeviceGetCount", "the device count");
+  if (ordinal < 0 || ordinal >= count) {
+    fail(VASWAP_ERROR_INVALID_ARGUMENT,
+         "device " + std::to_string(ordinal) + " does not exist: this process sees " +
+             std::to_string(count) + " CUDA device(s), numbered from 0");
+  }
+  if (devices_.size() < static_cast<size_t>(count)) devices_.resize(static_cast<size_t>(count));
+  auto& slot = devices_[static_cast<size_t>(ordinal)];
+  if (!slot) {
+    auto d = std::make_unique<Device>();
+    d->ordinal = ordinal;
+    const std::string subject = "device " + std::to_string(ordinal);
+    check(driver_.cuDeviceGet(&d->device, ordinal), "cuDeviceGet", subject);
+    check(driver_.cuDevicePrimaryCtxRetain(&d->context, d->device), "cuDevicePrimaryCtxRetain",
+          subject);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    check(driver_.cuMemGetAllocationGranularity(&d->granularity, &prop,
+                                                CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity", subject);
+    slot = std::move(d);
+  }
+  return *slot;
+}
+
+Device& Engine::device_with_workers(int ordinal) {
+  Device& d = device(ordinal);
+  std::call_once(d.workers_once, [&] {
+    ContextScope scope(driver_, d.context);
+    check(driver_.cuStreamCreate(&d.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+          "the copy stream of device " + std::to_string(ordinal));
+    d.release_worker =
+        std::make_unique<Worker>(driver_, d.context, "vaswap-rel" + std::to_string(ordinal));
+    d.remap_worker =
+        std::make_unique<Worker>(driver_, d.context, "vaswap-map" + std::to_string(ordinal));
+  });
+  return d;
+}
+
+void Engine::init_workers(int device) { device_with_workers(device); }
+
+void Engine::memory_info(int ordinal, size_t* free_bytes, size_t* total_bytes) {
+  Device& d = device(ordinal);
+  ContextScope scope(driver_, d.context);
+  check(driver_.cuMemGetInfo(free_bytes, total_bytes), "cuMemGetInfo",
+        "device " + std::to_string(ordinal));
+}
+
+// =============================================================================================
+// Checks shared by the calls
+// =============================================================================================
+
+Slot* Engine::slot_of(const void* handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto* slot = static_cast<Slot*>(const_cast<void*>(handle));
+  if (handle == nullptr || slots_.count(slot) == 0) {
+    fail(VASWAP_ERROR_INVALID_ARGUMENT,
+         "slot handle " + hex(reinterpret_cast<uintptr_t>(handle)) +
+             " is not a live vaswap slot (never created, or destroyed already)");
+  }
+  return slot;
+}
+
+RemapBatch* Engine::remap_of(const void* handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto* batch = static_cast<RemapBatch*>(const_cast<void*>(handle));
+  if (handle == nullptr || remaps_.count(batch) == 0) {
+    fail(VASWAP_ERROR_INVALID_ARGUMENT,
+         "remap handle " + hex(reinterpret_cast<uintptr_t>(handle)) +
+             " is not a live vaswap remap (never returned, or destroyed already)");
+  }
+  return batch;
+}
+
+// Under mutex_: the batch is non-empty, each slot live and listed once, one device for all.
+std::vector<Slot*> Engine::checked_batch(const std::vector<Slot*>& slots, const char* call) {
+  if (slots.empty()) {
+    fail(VASWAP_ERROR_INVALID_ARGUMENT,
+         std::string(call) + ": the batch is empty; pass at least one slot");
+  }
+  std::unordered_map<Slot*, size_t> seen;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot* slot = slots[i];
+    if (slot == nullptr || slots_.count(slot) == 0) {
+      fail(VASWAP_ERROR_INVALID_ARGUMENT, std::string(call) + ": slots[" + std::to_string(i) +
+                                              "] (" + hex(reinterpret_cast<uintptr_t>(slot)) +
+                                              ") is not a live vaswap slot");
+    }
+    auto [it, fresh] = seen.emplace(slot, i);
+    if (!fresh) {
+      fail(VASWAP_ERROR_INVALID_ARGUMENT, std::string(call) + ": " + slot->describe() +
+                                              " appears twice in the batch (slots[" +
+                                              std::to_string(it->second) + "] and slots[" +
+                                              std::to_string(i) + "]); list each slot once");
+    }
+    if (slot->device != slots[0]->device) {
+      fail(VASWAP_ERROR_DEVICE_MISMATCH,
+           std::string(call) + ": the batch mixes devices: " + slots[0]->describe() + " and " +
+               slot->describe() + "; submit one batch per device");
+    }
+    if (slot->closing) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": " + slot->describe() + " is being destroyed");
+    }
+  }
+  return slots;
+}
+
+std::string Engine::take_async_errors(const std::vector<Slot*>& slots) {
+  for (Slot* slot : slots) {
+    if (!slot->async_error.empty()) {
+      std::string error = std::move(slot->async_error);
+      slot->async_error.clear();
+      return error;
+    }
+  }
+  return "";
+}
+
+void Engine::check_stream(Device& d, CUstream stream, const char* call) {
+  ContextScope scope(driver_, d.context);
+  const std::string subject = "stream " + hex(stream_id(stream));
+  CUdevice stream_device = 0;
+  check(driver_.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice", subject);
+  if (stream_device != d.device) {
+    fail(VASWAP_ERROR_DEVICE_MISMATCH,
+         std::string(call) + ": " + subject + " belongs to device " +
+             std::to_string(stream_device) + " but the slots to device " +
+             std::to_string(d.ordinal) + "; pass a stream of device " + std::to_string(d.ordinal));
+  }
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult rc = driver_.cuStreamIsCapturing(stream, &status);
+  if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    fail(VASWAP_ERROR_CAPTURING,
+         std::string(call) + ": " + subject +
+             " is capturing a graph (or would join another thread's capture); vaswap's callback "
+             "would be captured instead of run. Call it outside the capture");
+  }
+  check(rc, "cuStreamIsCapturing", subject);
+}
+
+void Engine::check_host_buffer(const Slot& slot, void* host) {
+  const std::string buffer = "host buffer " + hex(reinterpret_cast<uintptr_t>(host));
+  const std::string fix =
+      "; use vaswap_host_alloc (or cudaHostAlloc) and pass the pointer it returned";
+  if (host == nullptr) {
+    fail(VASWAP_ERROR_HOST_BUFFER, "the host buffer for " + slot.describe() + " is NULL" + fix);
+  }
+  const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host));
+  unsigned type = 0;
+  if (driver_.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) != CUDA_SUCCESS ||
+      type != CU_MEMORYTYPE_HOST) {
+    fail(VASWAP_ERROR_HOST_BUFFER, buffer + " for " + slot.describe() +
+                                       " is not pinned host memory (pageable or device memory)" +
+                                       fix);
+  }
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  const CUresult rc1 =
+      driver_.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr);
+  const CUresult rc2 = driver_.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr);
+  check(rc1 != CUDA_SUCCESS ? rc1 : rc2, "cuPointerGetAttribute", buffer);
+  if (start != ptr) {
+    fail(VASWAP_ERROR_HOST_BUFFER, buffer + " for " + slot.describe() + " lies " +
+                                       std::to_string(ptr - start) +
+                                       " bytes into its pinned allocation (at " + hex(start) +
+                                       "); pass the start of the allocation (offset 0)");
+  }
+  if (size < slot.bytes) {
+    fail(VASWAP_ERROR_HOST_BUFFER, buffer + " holds " + byte_size(size) + " but " +
+                                       slot.describe() + " needs " + byte_size(slot.bytes));
+  }
+}
+
+void Engine::wait_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done) {
+  changed_.wait(lock, done);
+}
+
+// =============================================================================================
+// Slots
+// =============================================================================================
+
+Slot* Engine::create_slot(int ordinal, size_t bytes) {
+  if (bytes == 0) fail(VASWAP_ERROR_INVALID_ARGUMENT, "vaswap_slot_create: bytes must be > 0");
+  Device& d = device(ordinal);
+  auto slot = std::make_unique<Slot>();
+  slot->id = next_id_.fetch_add(1);
+  slot->device = ordinal;
+  slot->bytes = bytes;
+  slot->mapped_bytes = (bytes + d.granularity - 1) / d.granularity * d.granularity;
+  const uint64_t start = trace::now_ns();
+  ContextScope scope(driver_, d.context);
+  {
+    auto lock = driver_call_lock();
+    check(driver_.cuMemAddressReserve(&slot->va, slot->mapped_bytes, d.granularity, 0, 0),
+          "cuMemAddressReserve",
+          "a slot of " + byte_size(bytes) + " on device " + std::to_string(ordinal));
+  }
+  double create_us = 0, map_us = 0, access_us = 0;
+  try {
+    slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &create_us, &map_us,
+                             &access_us);
+  } catch (const Error&) {
+    auto lock = driver_call_lock();
+    driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
+    throw;
+  }
+  bytes_mapped_.fetch_add(slot->mapped_bytes);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::slot_create)
+        .at(start)
+        .add("slot", slot->id)
+        .hex("va", slot->va)
+        .add("bytes", static_cast<uint64_t>(slot->bytes))
+        .add("mapped_bytes", static_cast<uint64_t>(slot->mapped_bytes))
+        .add("device", ordinal)
+        .add("dur_us", trace::us_since(start))
+        .emit();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  slots_.insert(slot.get());
+  return slot.release();
+}
+
+void Engine::destroy_slot(Slot* slot) {
+  CUmemGenericAllocationHandle remap_handle = 0;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (slot->closing) {
+      fail(VASWAP_ERROR_INVALID_STATE, "vaswap_slot_destroy: " + slot->describe() +
+                                           " is already being destroyed by another thread");
+    }
+    slot->closing = true;
+    wait_until(lock, [&] {
+      return !slot->release_pending && (slot->remap == nullptr || slot->remap->worker_done);
+    });
+    if (slot->remap != nullptr) {
+      for (RemapEntry& entry : slot->remap->entries) {
+        if (entry.slot != slot) continue;
+        if (!entry.adopted) remap_handle = entry.handle;
+        entry.handle = 0;
+        entry.mapped = false;
+        entry.slot = nullptr;
+      }
+      slot->remap = nullptr;
+    }
+    slots_.erase(slot);
+  }
+  changed_.notify_all();
+  std::unique_ptr<Slot> owned(slot);
+  const uint64_t start = trace::now_ns();
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  std::string first_error;
+  // As cudaFree does: nothing queued on the device may still touch the pages.
+  try {
+    check(driver_.cuCtxSynchronize(), "cuCtxSynchronize", slot->describe());
+  } catch (const Error& e) {
+    first_error = e.what();
+  }
+  double unmap_us = 0, release_us = 0;
+  for (CUmemGenericAllocationHandle handle : {slot->handle, remap_handle}) {
+    if (handle == 0) continue;
+    try {
+      unmap_pages(slot->va, slot->mapped_bytes, handle, slot->describe(), &unmap_us, &release_us);
+      if (handle == slot->handle) bytes_mapped_.fetch_sub(slot->mapped_bytes);
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  slot->last_copy.reset();
+  {
+    auto lock = driver_call_lock();
+    const CUresult rc = driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
+    if (rc != CUDA_SUCCESS && first_error.empty()) {
+      first_error = cuda_failure("cuMemAddressFree", rc, slot->describe());
+    }
+  }
+  if (trace::enabled()) {
+    trace::Record(trace::Event::slot_destroy)
+        .at(start)
+        .add("slot", slot->id)
+        .hex("va", slot->va)
+        .add("bytes", static_cast<uint64_t>(slot->bytes))
+        .add("device", slot->device)
+        .add("dur_us", trace::us_since(start))
+        .emit();
+  }
+  if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, first_error);
+}
+
+vaswap_slot_info Engine::info(Slot* slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  vaswap_slot_info info{};
+  info.id = slot->id;
+  info.va = slot->va;
+  info.bytes = slot->bytes;
+  info.mapped_bytes = slot->mapped_bytes;
+  info.device = slot->device;
+  bool remap_mapped = false;
+  if (slot->remap != nullptr) {
+    for (const RemapEntry& entry : slot->remap->entries) {
+      if (entry.slot == slot && entry.mapped) remap_mapped = true;
+    }
+  }
+  info.mapped = slot->handle != 0 || remap_mapped ? 1 : 0;
+  info.release_pending = slot->release_pending ? 1 : 0;
+  info.remap_pending = slot->remap != nullptr ? 1 : 0;
+  return info;
+}
+
+void Engine::unmap_and_release(Slot* slot) {
+  const char* call = "vaswap_slot_unmap_and_release";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checked_batch({slot}, call);
+    if (slot->handle == 0 || slot->release_pending || slot->remap != nullptr) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": " + slot->describe() +
+               (slot->handle == 0 ? " has no pages of its own to release"
+                                  : " has a release or remap in flight; wait for it first"));
+    }
+    slot->release_pending = true;  // reserves the slot against concurrent calls
+  }
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  double unmap_us = 0, release_us = 0;
+  try {
+    unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &unmap_us,
+                &release_us);
+  } catch (const Error&) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->release_pending = false;
+    changed_.notify_all();
+    throw;
+  }
+  bytes_mapped_.fetch_sub(slot->mapped_bytes);
+  releases_.fetch_add(1);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::release)
+        .add("slot", slot->id)
+        .hex("va", slot->va)
+        .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
+        .add("device", slot->device)
+        .add("unmap_us", unmap_us)
+        .add("release_us", release_us)
+        .add("sync", true)
+        .emit();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  slot->handle = 0;
+  slot->release_pending = false;
+  changed_.notify_all();
+}
+
+void Engine::create_and_remap(Slot* slot) {
+  const char* call = "vaswap_slot_create_and_remap";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checked_batch({slot}, call);
+    if (slot->handle != 0 || slot->release_pending || slot->remap != nullptr) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": " + slot->describe() +
+               (slot->handle != 0 ? " is mapped already"
+                                  : " has a release or remap in flight; wait for it first"));
+    }
+    slot->release_pending = true;  // reserves the slot against concurrent calls
+  }
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  double create_us = 0, map_us = 0, access_us = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  try {
+    handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &create_us, &map_us,
+                       &access_us);
+  } catch (const Error&) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->release_pending = false;
+    changed_.notify_all();
+    throw;
+  }
+  bytes_mapped_.fetch_add(slot->mapped_bytes);
+  remaps_done_.fetch_add(1);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::remap)
+        .add("slot", slot->id)
+        .hex("va", slot->va)
+        .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
+        .add("device", slot->device)
+        .add("create_us", create_us)
+        .add("map_us", map_us)
+        .add("access_us", access_us)
+        .add("sync", true)
+        .emit();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  slot->handle = handle;
+  slot->release_pending = false;
+  changed_.notify_all();
+}
+
+void* Engine::host_alloc(size_t bytes) {
+  // cuMemHostAlloc needs a current context; portable buffers serve every device.
+  CUcontext current = nullptr;
+  if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr) {
+    return host_pool_.allocate(bytes);
+  }
+  ContextScope scope(driver_, device(0).context);
+  return host_pool_.allocate(bytes);
+}
+
+vaswap_stats Engine::stats() {
+  vaswap_stats s{};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s.slots_live = slots_.size();
+  }
+  s.bytes_mapped = bytes_mapped_.load();
+  s.releases = releases_.load();
+  s.remaps = remaps_done_.load();
+  s.bytes_offloaded = bytes_offloaded_.load();
+  s.bytes_restored = bytes_restored_.load();
+  s.errors = errors_.load();
+  s.host_bytes_pinned = host_pool_.bytes_pinned();
+  s.host_bytes_in_use = host_pool_.bytes_in_use();
+  return s;
+}
+
+// =============================================================================================
+// The process's engine
+// =============================================================================================
+
+Engine& engine() {
+  static Engine* instance = [] {
+    std::string error;
+    const Driver* driver = load_driver(&error);
+    if (driver == nullptr) return static_cast<Engine*>(nullptr);
+    trace::open_from_environment();
+    return new Engine(*driver);  // leaked: workers and callbacks outlive static destructors
+  }();
+  if (instance == nullptr) {
+    std::string error;
+    load_driver(&error);
+    fail(VASWAP_ERROR_UNAVAILABLE, error);
+  }
+  return *instance;
+}
+
+}  // namespace vaswap

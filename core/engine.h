@@ -1,0 +1,218 @@
+// The slot engine: fixed-VA slots, their release and remap, per-device resources and workers.
+// One object per process (engine()); the C API in interpose/c_api.cpp is a thin layer over it.
+//
+// State lives under one mutex (Engine::mutex) and every change is announced on Engine::changed.
+// Driver calls are made without that mutex held; VMM calls additionally take the driver-call
+// lock when calls are serialized (the default). Host callbacks only post jobs to workers.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "driver.h"
+#include "host_pool.h"
+#include "vaswap/vaswap.h"
+#include "worker.h"
+
+namespace vaswap {
+
+struct RemapBatch;
+
+// An event shared by a remap and the slot that adopted it; destroyed with its last owner.
+using SharedEvent = std::shared_ptr<CUevent_st>;
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+// ---------------------------------------------------------------------------------------------
+
+struct Device {
+  int ordinal = 0;
+  CUdevice device = 0;
+  CUcontext context = nullptr;  // the primary context, retained for the life of the process
+  size_t granularity = 0;       // minimum VMM allocation granularity
+  std::once_flag workers_once;
+  CUstream copy_stream = nullptr;  // vaswap's own H2D stream (non-blocking)
+  std::unique_ptr<Worker> release_worker;
+  std::unique_ptr<Worker> remap_worker;
+};
+
+// Makes a context current on this thread for a scope, and restores the previous one.
+class ContextScope {
+ public:
+  ContextScope(const Driver& driver, CUcontext context);
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  ~ContextScope();
+
+ private:
+  const Driver& driver_;
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Slots and remaps
+// ---------------------------------------------------------------------------------------------
+
+struct Slot {
+  uint64_t id = 0;
+  int device = 0;
+  size_t bytes = 0;         // asked for
+  size_t mapped_bytes = 0;  // one handle: bytes rounded up to the granularity
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle handle = 0;  // pages the slot owns; 0 when released
+  bool release_pending = false;
+  bool closing = false;
+  RemapBatch* remap = nullptr;  // a remap that references the slot, until adopt/destroy
+  SharedEvent last_copy;        // the H2D of the remap it adopted; a release waits on it
+  std::string async_error;      // a worker's failure, reported by the next call on the slot
+
+  std::string describe() const;  // "slot 3 (va 0x…, 64 MiB on device 0)"
+};
+
+// What the trace says about a slot; copied where the slot may be gone by the time it is written.
+struct SlotFacts {
+  uint64_t id = 0;
+  CUdeviceptr va = 0;
+  size_t bytes = 0;
+  int device = 0;
+};
+
+inline SlotFacts facts_of(const Slot& slot) { return {slot.id, slot.va, slot.bytes, slot.device}; }
+
+inline uint64_t stream_id(CUstream stream) { return reinterpret_cast<uintptr_t>(stream); }
+
+enum class RemapKind { remap_only, copy, deferred };
+
+struct RemapEntry {
+  Slot* slot = nullptr;  // nullptr once the slot is destroyed
+  uint64_t slot_id = 0;
+  CUdeviceptr va = 0;
+  size_t bytes = 0;
+  size_t mapped_bytes = 0;
+  void* host = nullptr;
+  CUmemGenericAllocationHandle handle = 0;  // new pages, owned by the batch until adopted
+  bool mapped = false;
+  bool submitted = false;  // copy event recorded (or, with no copy, mapping done)
+  bool failed = false;
+  bool adopted = false;
+  bool launched = false;  // deferred: vaswap_remap_launch_h2d has taken this entry
+  std::string error;
+  CUevent start = nullptr;  // timing, before the H2D
+  CUevent end = nullptr;    // timing, after the H2D
+  SharedEvent copied;       // after the H2D (or the mapping, for remap-only); no timing
+  CUstream copy_stream = nullptr;
+};
+
+struct RemapBatch {
+  uint64_t id = 0;
+  RemapKind kind = RemapKind::copy;
+  Device* device = nullptr;
+  std::vector<RemapEntry> entries;
+  bool worker_done = false;
+  bool destroying = false;
+  int outstanding = 0;  // callbacks and jobs that still reference the batch
+  uint64_t queued_ns = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The engine
+// ---------------------------------------------------------------------------------------------
+
+class Engine {
+ public:
+  explicit Engine(const Driver& driver) : driver_(driver) {}
+
+  // Slots
+  Slot* create_slot(int device, size_t bytes);
+  void destroy_slot(Slot* slot);
+  vaswap_slot_info info(Slot* slot);
+  void unmap_and_release(Slot* slot);
+  void create_and_remap(Slot* slot);
+
+  // Offload
+  void release_after(const std::vector<Slot*>& slots, CUstream stream);
+  void offload_after(const std::vector<Slot*>& slots, const std::vector<void*>& hosts,
+                     CUstream stream);
+
+  // Restore
+  RemapBatch* remap_after(RemapKind kind, const std::vector<Slot*>& slots,
+                          const std::vector<void*>& hosts, CUstream stream);
+  void launch_h2d(RemapBatch* batch, size_t index, CUstream stream);
+  void wait_submitted(RemapBatch* batch, size_t index);
+  void wait_on_stream(RemapBatch* batch, size_t index, CUstream stream);
+  bool try_wait_on_stream(RemapBatch* batch, CUstream stream);  // false: not ready
+  void adopt(RemapBatch* batch);
+  void destroy_remap(RemapBatch* batch);
+
+  // Diagnostics and policy
+  void memory_info(int device, size_t* free_bytes, size_t* total_bytes);
+  void init_workers(int device);
+  void set_serial_driver_calls(bool serial) { serial_.store(serial); }
+  vaswap_stats stats();
+  void* host_alloc(size_t bytes);
+  void host_free(void* host) { host_pool_.release(host); }
+
+  // Handle checks: the object, or an INVALID_ARGUMENT error naming the handle.
+  Slot* slot_of(const void* handle);
+  RemapBatch* remap_of(const void* handle);
+
+ private:
+  struct ReleaseJob;
+  struct CopiesDone;
+  static void CUDA_CB on_release_point(void* job);
+  static void CUDA_CB on_remap_point(void* batch);
+  static void CUDA_CB on_copies_done(void* done);
+
+  Device& device(int ordinal);
+  Device& device_with_workers(int ordinal);
+  std::vector<Slot*> checked_batch(const std::vector<Slot*>& slots, const char* call);
+  void check_stream(Device& d, CUstream stream, const char* call);
+  void check_host_buffer(const Slot& slot, void* host);
+  void start_release(const char* call, const std::vector<Slot*>& slots,
+                     const std::vector<void*>& hosts, CUstream stream);
+  void run_release(ReleaseJob& job);
+  void run_remap(RemapBatch& batch);
+  void collect_copies(const CopiesDone& done);
+  SharedEvent make_event(unsigned flags, const std::string& subject);
+  RemapEntry& entry_of(RemapBatch* batch, size_t index, const char* call);
+  void wait_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);
+  std::string take_async_errors(const std::vector<Slot*>& slots);
+
+  // Driver calls with error reporting; see engine.cpp.
+  void check(CUresult result, const char* call, const std::string& subject);
+  CUmemGenericAllocationHandle map_pages(Device& d, CUdeviceptr va, size_t bytes,
+                                         const std::string& subject, double* create_us,
+                                         double* map_us, double* access_us);
+  void unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
+                   const std::string& subject, double* unmap_us, double* release_us);
+  std::unique_lock<std::mutex> driver_call_lock();
+
+  const Driver& driver_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::unordered_set<Slot*> slots_;
+  std::unordered_set<RemapBatch*> remaps_;
+  std::vector<std::unique_ptr<Device>> devices_;  // by ordinal, created on first use
+  std::mutex driver_call_mutex_;
+  std::atomic<bool> serial_{true};
+  std::atomic<uint64_t> next_id_{1};
+  HostPool host_pool_{driver_};
+
+  std::atomic<uint64_t> bytes_mapped_{0}, releases_{0}, remaps_done_{0}, bytes_offloaded_{0},
+      bytes_restored_{0}, errors_{0};
+};
+
+// The process's engine, created on first use. Throws VASWAP_ERROR_UNAVAILABLE when the CUDA
+// driver cannot be loaded.
+Engine& engine();
+
+}  // namespace vaswap

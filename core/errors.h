@@ -1,0 +1,39 @@
+// How core/ reports failure: an Error carries the C API's status and a message that says what
+// failed, with which value, and what to do. The C API boundary (interpose/c_api.cpp) turns it into
+// a vaswap_status and vaswap_last_error(); nothing else lets it escape.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "vaswap/vaswap.h"
+
+namespace vaswap {
+
+class Error : public std::exception {
+ public:
+  Error(vaswap_status status, std::string message)
+      : status_(status), message_(std::move(message)) {}
+  vaswap_status status() const { return status_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  vaswap_status status_;
+  std::string message_;
+};
+
+[[noreturn]] inline void fail(vaswap_status status, std::string message) {
+  throw Error(status, std::move(message));
+}
+
+// "0x7f3a00000000"
+std::string hex(uint64_t value);
+// "64 MiB", "3.5 GiB", "4096 B": exact for whole units, one decimal otherwise.
+std::string byte_size(uint64_t bytes);
+// "cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY for <subject>"
+std::string cuda_failure(const char* call, CUresult result, const std::string& subject);
+
+}  // namespace vaswap

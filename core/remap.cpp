@@ -1,0 +1,526 @@
+// Restore: remap at the same address (and copy back) on the remap worker, the waits that order a
+// stream after it, adoption of the new pages by their slots, and cleanup of a remap.
+#include <algorithm>
+
+#include "engine.h"
+#include "errors.h"
+#include "log.h"
+#include "trace.h"
+
+namespace vaswap {
+
+namespace {
+
+const char* call_name(RemapKind kind) {
+  switch (kind) {
+    case RemapKind::remap_only: return "vaswap_remap_after";
+    case RemapKind::copy: return "vaswap_remap_and_copy_after";
+    case RemapKind::deferred: return "vaswap_remap_deferred_after";
+  }
+  return "vaswap_remap";
+}
+
+const char* kind_name(RemapKind kind) {
+  switch (kind) {
+    case RemapKind::remap_only: return "remap_only";
+    case RemapKind::copy: return "copy";
+    case RemapKind::deferred: return "deferred";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// A completion callback after H2D copies: the worker reads their times and the remap may go.
+struct Engine::CopiesDone {
+  Engine* engine = nullptr;
+  RemapBatch* batch = nullptr;
+  std::vector<size_t> indices;
+  uint64_t done_ns = 0;
+};
+
+void CUDA_CB Engine::on_remap_point(void* data) {
+  auto* batch = static_cast<RemapBatch*>(data);  // no CUDA here (invariant 4)
+  batch->device->remap_worker->post([batch] { engine().run_remap(*batch); });
+}
+
+void CUDA_CB Engine::on_copies_done(void* data) {
+  auto* done = static_cast<CopiesDone*>(data);  // no CUDA here (invariant 4)
+  done->done_ns = trace::now_ns();
+  done->batch->device->remap_worker->post([done] {
+    done->engine->collect_copies(*done);
+    delete done;
+  });
+}
+
+SharedEvent Engine::make_event(unsigned flags, const std::string& subject) {
+  CUevent event = nullptr;
+  check(driver_.cuEventCreate(&event, flags), "cuEventCreate", subject);
+  const Driver* driver = &driver_;
+  return SharedEvent(event, [driver](CUevent e) { driver->cuEventDestroy(e); });
+}
+
+// =============================================================================================
+// Submission
+// =============================================================================================
+
+RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
+                                const std::vector<void*>& hosts, CUstream stream) {
+  const char* call = call_name(kind);
+  auto batch = std::make_unique<RemapBatch>();
+  batch->id = next_id_.fetch_add(1);
+  batch->kind = kind;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checked_batch(slots, call);
+    const std::string earlier = take_async_errors(slots);
+    if (!earlier.empty()) fail(VASWAP_ERROR_CUDA, std::string(call) + ": " + earlier);
+    for (Slot* slot : slots) {
+      if (slot->remap != nullptr) {
+        fail(VASWAP_ERROR_INVALID_STATE, std::string(call) + ": " + slot->describe() +
+                                             " already has a remap in flight (remap " +
+                                             std::to_string(slot->remap->id) +
+                                             "); adopt or destroy it first");
+      }
+      if (slot->handle != 0 && !slot->release_pending) {
+        fail(VASWAP_ERROR_INVALID_STATE,
+             std::string(call) + ": " + slot->describe() +
+                 " is still mapped and has no release pending; release it first "
+                 "(vaswap_release_after or vaswap_offload_after)");
+      }
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      RemapEntry entry;
+      entry.slot = slots[i];
+      entry.slot_id = slots[i]->id;
+      entry.va = slots[i]->va;
+      entry.bytes = slots[i]->bytes;
+      entry.mapped_bytes = slots[i]->mapped_bytes;
+      entry.host = kind == RemapKind::remap_only ? nullptr : hosts[i];
+      batch->entries.push_back(std::move(entry));
+    }
+    for (Slot* slot : slots) slot->remap = batch.get();
+    remaps_.insert(batch.get());
+  }
+  try {
+    Device& d = device_with_workers(slots[0]->device);
+    batch->device = &d;
+    check_stream(d, stream, call);
+    if (kind != RemapKind::remap_only) {
+      for (size_t i = 0; i < slots.size(); ++i) check_host_buffer(*slots[i], hosts[i]);
+    }
+    ContextScope scope(driver_, d.context);
+    for (RemapEntry& entry : batch->entries) {
+      const std::string subject = "the remap of slot " + std::to_string(entry.slot_id);
+      entry.copied = make_event(CU_EVENT_DISABLE_TIMING, subject);
+      if (kind != RemapKind::remap_only) {
+        check(driver_.cuEventCreate(&entry.start, CU_EVENT_DEFAULT), "cuEventCreate", subject);
+        check(driver_.cuEventCreate(&entry.end, CU_EVENT_DEFAULT), "cuEventCreate", subject);
+      }
+    }
+    batch->outstanding = 1;  // the worker's run
+    batch->queued_ns = trace::now_ns();
+    check(driver_.cuLaunchHostFunc(stream, &Engine::on_remap_point, batch.get()),
+          "cuLaunchHostFunc", "the remap point of remap " + std::to_string(batch->id));
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (Slot* slot : slots) slot->remap = nullptr;
+      remaps_.erase(batch.get());
+    }
+    changed_.notify_all();
+    for (RemapEntry& entry : batch->entries) {
+      if (entry.start != nullptr) driver_.cuEventDestroy(entry.start);
+      if (entry.end != nullptr) driver_.cuEventDestroy(entry.end);
+    }
+    throw;
+  }
+  if (trace::enabled()) {
+    uint64_t bytes = 0;
+    for (const RemapEntry& entry : batch->entries) bytes += entry.bytes;
+    trace::Record(trace::Event::remap_queued)
+        .add("batch", batch->id)
+        .add("kind", kind_name(kind))
+        .add("slots", static_cast<uint64_t>(slots.size()))
+        .add("bytes", bytes)
+        .add("device", slots[0]->device)
+        .hex("stream", stream_id(stream))
+        .emit();
+  }
+  return batch.release();
+}
+
+// =============================================================================================
+// The remap worker
+// =============================================================================================
+
+void Engine::run_remap(RemapBatch& batch) {
+  Device& d = *batch.device;
+  std::vector<size_t> copies;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    RemapEntry& entry = batch.entries[i];
+    const uint64_t wait_start = trace::now_ns();
+    std::string subject;
+    std::string not_released;
+    {
+      // The slot may have been offloaded by a release still queued on another stream.
+      std::unique_lock<std::mutex> lock(mutex_);
+      wait_until(lock, [&] { return !entry.slot->release_pending; });
+      subject = entry.slot->describe();
+      if (entry.slot->handle != 0) {
+        not_released = entry.slot->async_error.empty() ? "it was not released"
+                                                       : std::move(entry.slot->async_error);
+        entry.slot->async_error.clear();
+      }
+    }
+    const double wait_us = trace::us_since(wait_start);
+    const uint64_t start = trace::now_ns();
+    double create_us = 0, map_us = 0, access_us = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    std::string error;
+    try {
+      if (!not_released.empty()) {
+        std::string message = subject;
+        message.append(" still holds its pages: ").append(not_released);
+        fail(VASWAP_ERROR_INVALID_STATE, message);
+      }
+      handle = map_pages(d, entry.va, entry.mapped_bytes, subject, &create_us, &map_us, &access_us);
+      if (batch.kind == RemapKind::copy) {
+        entry.copy_stream = d.copy_stream;
+        check(driver_.cuEventRecord(entry.start, d.copy_stream), "cuEventRecord", subject);
+        check(driver_.cuMemcpyHtoDAsync(entry.va, entry.host, entry.bytes, d.copy_stream),
+              "cuMemcpyHtoDAsync", subject);
+        check(driver_.cuEventRecord(entry.end, d.copy_stream), "cuEventRecord", subject);
+        copies.push_back(i);
+      }
+      if (batch.kind != RemapKind::deferred) {
+        check(driver_.cuEventRecord(entry.copied.get(), d.copy_stream), "cuEventRecord", subject);
+      }
+    } catch (const Error& e) {
+      error = std::string(e.what()) +
+              ". Nothing is lost: the host copy is untouched; destroy this remap and submit the "
+              "slot again";
+    }
+    if (handle != 0) {
+      bytes_mapped_.fetch_add(entry.mapped_bytes);
+      remaps_done_.fetch_add(1);
+      if (trace::enabled()) {
+        trace::Record(trace::Event::remap)
+            .at(start)
+            .add("slot", entry.slot_id)
+            .hex("va", entry.va)
+            .add("bytes", static_cast<uint64_t>(entry.mapped_bytes))
+            .add("device", d.ordinal)
+            .add("batch", batch.id)
+            .add("wait_us", wait_us)
+            .add("create_us", create_us)
+            .add("map_us", map_us)
+            .add("access_us", access_us)
+            .add("lag_us", static_cast<double>(start - batch.queued_ns) / 1e3)
+            .emit();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry.handle = handle;
+      entry.mapped = handle != 0;
+      entry.failed = !error.empty();
+      entry.error = std::move(error);
+      if (batch.kind != RemapKind::deferred && !entry.failed) entry.submitted = true;
+    }
+    changed_.notify_all();
+  }
+  if (!copies.empty()) {
+    auto* done = new CopiesDone{this, &batch, copies, 0};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++batch.outstanding;
+    }
+    const CUresult rc = driver_.cuLaunchHostFunc(d.copy_stream, &Engine::on_copies_done, done);
+    if (rc != CUDA_SUCCESS) {  // the copies are submitted; only their timing is lost
+      log().error("{}", cuda_failure("cuLaunchHostFunc", rc,
+                                     "the H2D timing of remap " + std::to_string(batch.id)));
+      delete done;
+      std::lock_guard<std::mutex> lock(mutex_);
+      --batch.outstanding;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    batch.worker_done = true;
+    --batch.outstanding;
+  }
+  changed_.notify_all();
+}
+
+void Engine::collect_copies(const CopiesDone& done) {
+  RemapBatch& batch = *done.batch;
+  const RemapEntry& last = batch.entries[done.indices.back()];
+  for (const size_t i : done.indices) {
+    const RemapEntry& entry = batch.entries[i];
+    float copy_ms = 0, to_end_ms = 0;
+    driver_.cuEventElapsedTime(&copy_ms, entry.start, entry.end);
+    driver_.cuEventElapsedTime(&to_end_ms, entry.start, last.end);
+    bytes_restored_.fetch_add(entry.bytes);
+    if (trace::enabled()) {
+      const auto back_ns = static_cast<uint64_t>(std::max(0.0f, to_end_ms) * 1e6f);
+      trace::Record(trace::Event::h2d)
+          .at(done.done_ns - std::min(back_ns, done.done_ns))
+          .add("slot", entry.slot_id)
+          .hex("va", entry.va)
+          .add("bytes", static_cast<uint64_t>(entry.bytes))
+          .add("device", batch.device->ordinal)
+          .hex("stream", stream_id(entry.copy_stream))
+          .add("batch", batch.id)
+          .add("dur_us", static_cast<double>(copy_ms) * 1e3)
+          .emit();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --batch.outstanding;
+  }
+  changed_.notify_all();
+}
+
+// =============================================================================================
+// Deferred copies and waits
+// =============================================================================================
+
+RemapEntry& Engine::entry_of(RemapBatch* batch, size_t index, const char* call) {
+  if (index >= batch->entries.size()) {
+    fail(VASWAP_ERROR_INVALID_ARGUMENT, std::string(call) + ": index " + std::to_string(index) +
+                                            " is out of range: remap " + std::to_string(batch->id) +
+                                            " has " + std::to_string(batch->entries.size()) +
+                                            " slot(s)");
+  }
+  return batch->entries[index];
+}
+
+void Engine::launch_h2d(RemapBatch* batch, size_t index, CUstream stream) {
+  const char* call = "vaswap_remap_launch_h2d";
+  RemapEntry* entry = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    entry = &entry_of(batch, index, call);
+    if (batch->kind != RemapKind::deferred) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": remap " + std::to_string(batch->id) +
+               " was not made by vaswap_remap_deferred_after; only deferred remaps launch their "
+               "own copies");
+    }
+    if (entry->launched) {
+      fail(VASWAP_ERROR_INVALID_STATE, std::string(call) + ": the H2D of slot " +
+                                           std::to_string(entry->slot_id) +
+                                           " was launched already");
+    }
+    wait_until(lock, [&] { return entry->mapped || entry->failed || entry->slot == nullptr; });
+    if (entry->failed) fail(VASWAP_ERROR_CUDA, std::string(call) + ": " + entry->error);
+    if (entry->slot == nullptr) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": slot " + std::to_string(entry->slot_id) + " was destroyed");
+    }
+    entry->launched = true;
+  }
+  const std::string subject =
+      "slot " + std::to_string(entry->slot_id) + " (va " + hex(entry->va) + ")";
+  try {
+    check_stream(*batch->device, stream, call);
+    ContextScope scope(driver_, batch->device->context);
+    check(driver_.cuEventRecord(entry->start, stream), "cuEventRecord", subject);
+    check(driver_.cuMemcpyHtoDAsync(entry->va, entry->host, entry->bytes, stream),
+          "cuMemcpyHtoDAsync", subject);
+    check(driver_.cuEventRecord(entry->end, stream), "cuEventRecord", subject);
+    check(driver_.cuEventRecord(entry->copied.get(), stream), "cuEventRecord", subject);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry->launched = false;
+    }
+    throw;
+  }
+  entry->copy_stream = stream;
+  auto* done = new CopiesDone{this, batch, {index}, 0};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entry->submitted = true;
+    ++batch->outstanding;
+  }
+  changed_.notify_all();
+  const CUresult rc = driver_.cuLaunchHostFunc(stream, &Engine::on_copies_done, done);
+  if (rc != CUDA_SUCCESS) {  // the copy is submitted; only its timing is lost
+    log().error("{}", cuda_failure("cuLaunchHostFunc", rc, "the H2D timing of " + subject));
+    delete done;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --batch->outstanding;
+    }
+    changed_.notify_all();
+  }
+}
+
+void Engine::wait_submitted(RemapBatch* batch, size_t index) {
+  const char* call = "vaswap_remap_wait_slot_submitted";
+  std::unique_lock<std::mutex> lock(mutex_);
+  RemapEntry& entry = entry_of(batch, index, call);
+  wait_until(lock, [&] { return entry.submitted || entry.failed || entry.slot == nullptr; });
+  if (entry.failed) fail(VASWAP_ERROR_CUDA, std::string(call) + ": " + entry.error);
+  if (!entry.submitted) {
+    fail(VASWAP_ERROR_INVALID_STATE,
+         std::string(call) + ": slot " + std::to_string(entry.slot_id) + " was destroyed");
+  }
+}
+
+// index == SIZE_MAX: every slot of the remap.
+void Engine::wait_on_stream(RemapBatch* batch, size_t index, CUstream stream) {
+  const char* call =
+      index == SIZE_MAX ? "vaswap_remap_wait_on_stream" : "vaswap_remap_wait_slot_on_stream";
+  check_stream(*batch->device, stream, call);
+  std::vector<SharedEvent> events;
+  const size_t first = index == SIZE_MAX ? 0 : index;
+  const size_t last = index == SIZE_MAX ? batch->entries.size() : index + 1;
+  for (size_t i = first; i < last; ++i) {
+    wait_submitted(batch, i);
+    std::lock_guard<std::mutex> lock(mutex_);
+    events.push_back(batch->entries[i].copied);
+  }
+  ContextScope scope(driver_, batch->device->context);
+  for (const SharedEvent& event : events) {
+    check(driver_.cuStreamWaitEvent(stream, event.get(), 0), "cuStreamWaitEvent",
+          "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch->id));
+  }
+}
+
+bool Engine::try_wait_on_stream(RemapBatch* batch, CUstream stream) {
+  const char* call = "vaswap_remap_try_wait_on_stream";
+  check_stream(*batch->device, stream, call);
+  std::vector<SharedEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const RemapEntry& entry : batch->entries) {
+      if (entry.failed) fail(VASWAP_ERROR_CUDA, std::string(call) + ": " + entry.error);
+      if (!entry.submitted) return false;
+      events.push_back(entry.copied);
+    }
+  }
+  ContextScope scope(driver_, batch->device->context);
+  for (const SharedEvent& event : events) {
+    check(driver_.cuStreamWaitEvent(stream, event.get(), 0), "cuStreamWaitEvent",
+          "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch->id));
+  }
+  return true;
+}
+
+// =============================================================================================
+// Adoption and cleanup
+// =============================================================================================
+
+void Engine::adopt(RemapBatch* batch) {
+  std::string first_error;
+  std::vector<SlotFacts> adopted;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_until(lock, [&] {
+      return std::all_of(batch->entries.begin(), batch->entries.end(), [](const RemapEntry& e) {
+        return e.submitted || e.failed || e.slot == nullptr;
+      });
+    });
+    for (RemapEntry& entry : batch->entries) {
+      if (entry.adopted || entry.slot == nullptr) continue;
+      if (entry.failed) {
+        if (first_error.empty()) first_error = entry.error;
+        continue;
+      }
+      Slot* slot = entry.slot;
+      slot->handle = entry.handle;
+      slot->last_copy = entry.copied;
+      slot->remap = nullptr;
+      entry.adopted = true;
+      adopted.push_back(facts_of(*slot));
+    }
+  }
+  changed_.notify_all();
+  if (trace::enabled()) {
+    for (const SlotFacts& slot : adopted) {
+      trace::Record(trace::Event::adopt)
+          .add("slot", slot.id)
+          .hex("va", slot.va)
+          .add("device", slot.device)
+          .add("batch", batch->id)
+          .emit();
+    }
+  }
+  if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, "vaswap_remap_adopt: " + first_error);
+}
+
+void Engine::destroy_remap(RemapBatch* batch) {
+  struct Discard {
+    Slot* slot;
+    SlotFacts facts;
+    size_t mapped_bytes;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::vector<Discard> discards;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (batch->destroying) {
+      fail(VASWAP_ERROR_INVALID_STATE, "vaswap_remap_destroy: remap " + std::to_string(batch->id) +
+                                           " is already being destroyed by another thread");
+    }
+    batch->destroying = true;
+    wait_until(lock, [&] { return batch->worker_done && batch->outstanding == 0; });
+    for (RemapEntry& entry : batch->entries) {
+      if (entry.adopted || entry.slot == nullptr) continue;
+      if (entry.handle != 0) {
+        // Reserve the slot until its pages are gone: a new remap must not map over them.
+        entry.slot->release_pending = true;
+        discards.push_back({entry.slot, facts_of(*entry.slot), entry.mapped_bytes, entry.handle});
+      }
+      entry.slot->remap = nullptr;
+    }
+    remaps_.erase(batch);
+  }
+  changed_.notify_all();
+  std::string first_error;
+  if (!discards.empty()) {
+    ContextScope scope(driver_, batch->device->context);
+    try {  // nothing queued may still use pages that nobody adopted
+      check(driver_.cuCtxSynchronize(), "cuCtxSynchronize", "remap " + std::to_string(batch->id));
+    } catch (const Error& e) {
+      first_error = e.what();
+    }
+    for (const Discard& discard : discards) {
+      double unmap_us = 0, release_us = 0;
+      try {
+        unmap_pages(discard.facts.va, discard.mapped_bytes, discard.handle,
+                    discard.slot->describe(), &unmap_us, &release_us);
+        bytes_mapped_.fetch_sub(discard.mapped_bytes);
+      } catch (const Error& e) {
+        if (first_error.empty()) first_error = e.what();
+        std::lock_guard<std::mutex> lock(mutex_);
+        discard.slot->handle = discard.handle;  // still mapped: the slot keeps the pages
+      }
+      if (trace::enabled()) {
+        trace::Record(trace::Event::remap_discard)
+            .add("slot", discard.facts.id)
+            .hex("va", discard.facts.va)
+            .add("device", discard.facts.device)
+            .add("batch", batch->id)
+            .emit();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        discard.slot->release_pending = false;
+      }
+      changed_.notify_all();
+    }
+  }
+  for (RemapEntry& entry : batch->entries) {
+    if (entry.start != nullptr) driver_.cuEventDestroy(entry.start);
+    if (entry.end != nullptr) driver_.cuEventDestroy(entry.end);
+  }
+  delete batch;
+  if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, "vaswap_remap_destroy: " + first_error);
+}
+
+}  // namespace vaswap
