@@ -345,6 +345,37 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   return CUDA_SUCCESS;
 }
 
+// CUDA 13.0 revisions (cuGetProcAddress version 13000) that name the context; NULL means the
+// current one. cuda.h keeps the old forms under the plain names, so a caller that asks for
+// version 13000 and calls the old signature passes garbage here, as on a GPU.
+namespace {
+
+CUresult context_or_current(CUcontext ctx, Context** out) {
+  *out = ctx != nullptr ? context_from_handle(ctx) : current_context();
+  if (*out != nullptr) return CUDA_SUCCESS;
+  return ctx != nullptr ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  SIM_ENTER();
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = nullptr;
+  SIM_TRY(context_or_current(ctx, &c));
+  *device = c->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  SIM_ENTER();
+  Context* c = nullptr;
+  SIM_TRY(context_or_current(ctx, &c));
+  SIM_TRY(check_capture_safety());
+  synchronize_device(c->device);
+  return CUDA_SUCCESS;
+}
+
 // -----------------------------------------------------------------------------------------------
 // Errors
 // -----------------------------------------------------------------------------------------------

@@ -359,6 +359,15 @@ CUresult CUDAAPI cuStreamGetDevice(CUstream h, CUdevice* device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(h, &s));
+  {
+    // Measured on an H200 (driver 580): on a capturing stream, even a relaxed-mode capture, this
+    // query fails and invalidates the capture. cuStreamIsCapturing is the safe question.
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    if (s->capture) {
+      invalidate(s->capture);
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
   *device = s->device;
   return CUDA_SUCCESS;
 }

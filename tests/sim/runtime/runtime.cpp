@@ -110,6 +110,16 @@ Runtime& rt() {
   return *r;
 }
 
+// The version of the ABI revision that cuda.h declares under `name`. Usually the newest, but
+// CUDA 13.0 added context-taking revisions of these two at version 13000 and kept the old
+// declarations: asking for CUDA_VERSION would hand back a function of another signature.
+int header_abi_version(const char* name) {
+  if (std::strcmp(name, "cuCtxSynchronize") == 0 || std::strcmp(name, "cuCtxGetDevice") == 0) {
+    return 2000;
+  }
+  return CUDA_VERSION;
+}
+
 CUresult load_driver(Runtime& r) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -120,11 +130,12 @@ CUresult load_driver(Runtime& r) {
       reinterpret_cast<decltype(r.d.getProcAddress)>(dlsym(lib, "cuGetProcAddress_v2"));
   if (r.d.getProcAddress == nullptr) return CUDA_ERROR_NOT_FOUND;
   CUdriverProcAddressQueryResult status{};
-#define SIM_RESOLVE(name)                                                                        \
-  if (CUresult rc = r.d.getProcAddress(#name, reinterpret_cast<void**>(&r.d.name), CUDA_VERSION, \
-                                       CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)) {            \
-    std::fprintf(stderr, "vaswap simulated runtime: driver lacks %s\n", #name);                  \
-    return rc;                                                                                   \
+#define SIM_RESOLVE(name)                                                             \
+  if (CUresult rc = r.d.getProcAddress(#name, reinterpret_cast<void**>(&r.d.name),    \
+                                       header_abi_version(#name),                     \
+                                       CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)) { \
+    std::fprintf(stderr, "vaswap simulated runtime: driver lacks %s\n", #name);       \
+    return rc;                                                                        \
   }
   SIM_DRIVER_FUNCTIONS(SIM_RESOLVE)
 #undef SIM_RESOLVE

@@ -144,6 +144,19 @@ TEST_F(CaptureTest, SynchronizingTheCapturingStreamInvalidatesTheCapture) {
   EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
 }
 
+// As measured on an H200: asking a capturing stream for its device breaks the capture;
+// asking whether it is capturing does not.
+TEST_F(CaptureTest, StreamGetDeviceInvalidatesTheCapture) {
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSERT_CU(cuStreamIsCapturing(s_, &status));
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUdevice device = -1;
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuStreamGetDevice(s_, &device));
+  CUgraph g = nullptr;
+  EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
+}
+
 TEST_F(CaptureTest, ForkedStreamJoinsTheCaptureThroughAnEvent) {
   CUstream side = nullptr;
   CUevent fork = nullptr, join = nullptr;

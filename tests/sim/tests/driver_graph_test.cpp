@@ -219,6 +219,29 @@ TEST(ProcAddressTest, ReturnsTheNewestRevisionForTheAskedVersion) {
   EXPECT_EQ(driver_symbol("cuGetProcAddress"), fn) << "the pre-12.0 four-argument ABI";
 }
 
+// CUDA 13.0 gave cuCtxSynchronize and cuCtxGetDevice context-taking revisions at version 13000
+// while cuda.h kept the old declarations: a caller must ask for the version it calls.
+TEST(ProcAddressTest, Cuda13RevisionsTakeAContext) {
+  bind_device(1);
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  ASSERT_CU(cuGetProcAddress("cuCtxGetDevice", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status));
+  EXPECT_EQ(driver_symbol("cuCtxGetDevice_v2"), fn);
+  CUcontext ctx0 = nullptr;
+  ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx0, 0));
+  CUdevice device = -1;
+  ASSERT_CU(reinterpret_cast<CUresult (*)(CUdevice*, CUcontext)>(fn)(&device, ctx0));
+  EXPECT_EQ(device, 0) << "the named context's device, not the current one";
+  ASSERT_CU(cuGetProcAddress("cuCtxSynchronize", &fn, 12090, CU_GET_PROC_ADDRESS_DEFAULT, &status));
+  EXPECT_EQ(driver_symbol("cuCtxSynchronize"), fn);
+  ASSERT_CU(cuGetProcAddress("cuCtxSynchronize", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status));
+  EXPECT_EQ(driver_symbol("cuCtxSynchronize_v2"), fn);
+  auto* sync = reinterpret_cast<CUresult (*)(CUcontext)>(fn);
+  EXPECT_CU_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED, sync(reinterpret_cast<CUcontext>(0x1234)));
+  ASSERT_CU(sync(nullptr));
+  bind_device(0);
+}
+
 TEST(ProcAddressTest, TooOldAVersionIsReportedAsSuch) {
   ASSERT_CU(cuInit(0));
   void* fn = reinterpret_cast<void*>(0x1);
