@@ -23,15 +23,15 @@ struct LoadedDriver {
 };
 
 template <class Fn>
-bool resolve(decltype(&::cuGetProcAddress) get_proc_address, const char* name, Fn* fn,
+bool resolve(decltype(&::cuGetProcAddress) get_proc_address, const char* name, int version, Fn* fn,
              std::string* error) {
   void* address = nullptr;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult rc =
-      get_proc_address(name, &address, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+      get_proc_address(name, &address, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
   if (rc != CUDA_SUCCESS || address == nullptr) {
-    *error = std::string("the CUDA driver has no ") + name + " for CUDA " +
-             std::to_string(CUDA_VERSION) + " (cuGetProcAddress status " + std::to_string(status) +
+    *error = std::string("the CUDA driver has no ") + name + " of CUDA version " +
+             std::to_string(version) + " (cuGetProcAddress status " + std::to_string(status) +
              "); vaswap needs driver 580 or newer";
     return false;
   }
@@ -56,8 +56,8 @@ LoadedDriver* load() {
     loaded->error = "libcuda.so.1 has no cuGetProcAddress_v2; vaswap needs driver 580 or newer";
     return loaded;
   }
-#define VASWAP_RESOLVE(name) \
-  if (!resolve(get_proc_address, #name, &loaded->api.name, &loaded->error)) return loaded;
+#define VASWAP_RESOLVE(name, version) \
+  if (!resolve(get_proc_address, #name, version, &loaded->api.name, &loaded->error)) return loaded;
   VASWAP_DRIVER_FUNCTIONS(VASWAP_RESOLVE)
 #undef VASWAP_RESOLVE
   const CUresult rc = loaded->api.cuInit(0);

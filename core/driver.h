@@ -9,25 +9,30 @@
 
 namespace vaswap {
 
-// Every driver function core/ calls. A name here is the base name cuGetProcAddress understands;
-// the member's type is the header's declaration for this CUDA_VERSION (cuMemGetInfo ->
-// cuMemGetInfo_v2), so a call through the table has the ABI the driver hands back.
+// Every driver function core/ calls, with the CUDA version of the ABI revision that this
+// header's declaration has (the version in the matching PFN_<name>_v<version> typedef). The
+// version is explicit because the newest revision is not always the header's: CUDA 13.0 added
+// cuCtxSynchronize(CUcontext) and cuCtxGetDevice(CUdevice*, CUcontext) as version 13000, while
+// cuda.h still declares the old forms under those names. Asking for CUDA_VERSION would return a
+// function with another signature (seen on the H200: CUDA_ERROR_CONTEXT_IS_DESTROYED).
 // clang-format off
 #define VASWAP_DRIVER_FUNCTIONS(X)                                                                \
-  X(cuInit) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDevicePrimaryCtxRetain)                        \
-  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)                     \
-  X(cuMemGetInfo) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)     \
-  X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                      \
-  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuPointerGetAttribute)                                     \
-  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                                                       \
-  X(cuStreamCreate) X(cuStreamGetDevice) X(cuStreamIsCapturing) X(cuStreamWaitEvent)              \
-  X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)         \
-  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuThreadExchangeStreamCaptureMode)                \
-  X(cuGetErrorName)
+  X(cuInit, 2000) X(cuDeviceGet, 2000) X(cuDeviceGetCount, 2000)                                  \
+  X(cuDevicePrimaryCtxRetain, 7000) X(cuCtxGetCurrent, 4000) X(cuCtxSetCurrent, 4000)             \
+  X(cuCtxGetDevice, 2000) X(cuCtxSynchronize, 2000) X(cuMemGetInfo, 3020)                         \
+  X(cuMemGetAllocationGranularity, 10020) X(cuMemAddressReserve, 10020)                           \
+  X(cuMemAddressFree, 10020) X(cuMemCreate, 10020) X(cuMemRelease, 10020) X(cuMemMap, 10020)      \
+  X(cuMemUnmap, 10020) X(cuMemSetAccess, 10020) X(cuMemHostAlloc, 2020) X(cuMemFreeHost, 2000)    \
+  X(cuPointerGetAttribute, 4000) X(cuMemcpyHtoDAsync, 3020) X(cuMemcpyDtoHAsync, 3020)            \
+  X(cuStreamCreate, 2000) X(cuStreamGetDevice, 12080) X(cuStreamIsCapturing, 10000)               \
+  X(cuStreamWaitEvent, 3020) X(cuLaunchHostFunc, 10000) X(cuEventCreate, 2000)                    \
+  X(cuEventDestroy, 4000) X(cuEventRecord, 2000) X(cuEventQuery, 2000)                            \
+  X(cuEventSynchronize, 2000) X(cuEventElapsedTime, 12080)                                        \
+  X(cuThreadExchangeStreamCaptureMode, 10010) X(cuGetErrorName, 6000)
 // clang-format on
 
 struct Driver {
-#define VASWAP_DRIVER_MEMBER(name) decltype(&::name) name = nullptr;
+#define VASWAP_DRIVER_MEMBER(name, version) decltype(&::name) name = nullptr;
   VASWAP_DRIVER_FUNCTIONS(VASWAP_DRIVER_MEMBER)
 #undef VASWAP_DRIVER_MEMBER
 };

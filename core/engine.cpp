@@ -144,10 +144,14 @@ Device& Engine::device_with_workers(int ordinal) {
     ContextScope scope(driver_, d.context);
     check(driver_.cuStreamCreate(&d.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
           "the copy stream of device " + std::to_string(ordinal));
+    check(driver_.cuStreamCreate(&d.launch_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+          "the launch stream of device " + std::to_string(ordinal));
     d.release_worker =
         std::make_unique<Worker>(driver_, d.context, "vaswap-rel" + std::to_string(ordinal));
     d.remap_worker =
         std::make_unique<Worker>(driver_, d.context, "vaswap-map" + std::to_string(ordinal));
+    d.completion_worker =
+        std::make_unique<Worker>(driver_, d.context, "vaswap-cpl" + std::to_string(ordinal));
   });
   return d;
 }
@@ -235,14 +239,8 @@ std::string Engine::take_async_errors(const std::vector<Slot*>& slots) {
 void Engine::check_stream(Device& d, CUstream stream, const char* call) {
   ContextScope scope(driver_, d.context);
   const std::string subject = "stream " + hex(stream_id(stream));
-  CUdevice stream_device = 0;
-  check(driver_.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice", subject);
-  if (stream_device != d.device) {
-    fail(VASWAP_ERROR_DEVICE_MISMATCH,
-         std::string(call) + ": " + subject + " belongs to device " +
-             std::to_string(stream_device) + " but the slots to device " +
-             std::to_string(d.ordinal) + "; pass a stream of device " + std::to_string(d.ordinal));
-  }
+  // Capture first: cuStreamGetDevice on a capturing stream fails and invalidates the capture
+  // (measured on the H200), which would break invariant 5.
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const CUresult rc = driver_.cuStreamIsCapturing(stream, &status);
   if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || status != CU_STREAM_CAPTURE_STATUS_NONE) {
@@ -252,6 +250,14 @@ void Engine::check_stream(Device& d, CUstream stream, const char* call) {
              "would be captured instead of run. Call it outside the capture");
   }
   check(rc, "cuStreamIsCapturing", subject);
+  CUdevice stream_device = 0;
+  check(driver_.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice", subject);
+  if (stream_device != d.device) {
+    fail(VASWAP_ERROR_DEVICE_MISMATCH,
+         std::string(call) + ": " + subject + " belongs to device " +
+             std::to_string(stream_device) + " but the slots to device " +
+             std::to_string(d.ordinal) + "; pass a stream of device " + std::to_string(d.ordinal));
+  }
 }
 
 void Engine::check_host_buffer(const Slot& slot, void* host) {

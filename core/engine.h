@@ -39,9 +39,15 @@ struct Device {
   CUcontext context = nullptr;  // the primary context, retained for the life of the process
   size_t granularity = 0;       // minimum VMM allocation granularity
   std::once_flag workers_once;
-  CUstream copy_stream = nullptr;  // vaswap's own H2D stream (non-blocking)
+  CUstream copy_stream = nullptr;    // vaswap's H2D stream for the remap worker's copies
+  CUstream launch_stream = nullptr;  // vaswap's H2D stream for vaswap_remap_launch_h2d
   std::unique_ptr<Worker> release_worker;
   std::unique_ptr<Worker> remap_worker;
+  std::unique_ptr<Worker> completion_worker;  // waits for vaswap's H2D copies to complete
+  // vaswap H2D copies submitted on this device whose completion callback has not run yet
+  // (guarded by Engine's mutex). Workers make no VMM call while it is non-zero: on the H200 any
+  // VMM call halves the bandwidth of an H2D copy running at the time.
+  int h2d_in_flight = 0;
 };
 
 // Makes a context current on this thread for a scope, and restores the previous one.
@@ -106,10 +112,11 @@ struct RemapEntry {
   bool adopted = false;
   bool launched = false;  // deferred: vaswap_remap_launch_h2d has taken this entry
   std::string error;
-  CUevent start = nullptr;  // timing, before the H2D
-  CUevent end = nullptr;    // timing, after the H2D
-  SharedEvent copied;       // after the H2D (or the mapping, for remap-only); no timing
-  CUstream copy_stream = nullptr;
+  CUevent start = nullptr;         // timing, before the H2D
+  CUevent end = nullptr;           // timing, after the H2D
+  CUevent ready = nullptr;         // deferred: the launching stream's point the copy waits for
+  SharedEvent copied;              // after the H2D (or the mapping, for remap-only); no timing
+  CUstream copy_stream = nullptr;  // where the H2D ran
 };
 
 struct RemapBatch {
@@ -170,7 +177,6 @@ class Engine {
   struct CopiesDone;
   static void CUDA_CB on_release_point(void* job);
   static void CUDA_CB on_remap_point(void* batch);
-  static void CUDA_CB on_copies_done(void* done);
 
   Device& device(int ordinal);
   Device& device_with_workers(int ordinal);
@@ -182,6 +188,8 @@ class Engine {
   void run_release(ReleaseJob& job);
   void run_remap(RemapBatch& batch);
   void collect_copies(const CopiesDone& done);
+  void track_copies(RemapBatch& batch, std::vector<size_t> indices);
+  void h2d_done(Device& d);
   SharedEvent make_event(unsigned flags, const std::string& subject);
   RemapEntry& entry_of(RemapBatch* batch, size_t index, const char* call);
   void wait_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);

@@ -118,7 +118,21 @@ void Engine::start_release(const char* call, const std::vector<Slot*>& slots,
   static_cast<void>(job.release());  // owned by the callback from here on
 }
 
+void Engine::h2d_done(Device& d) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --d.h2d_in_flight;
+  }
+  changed_.notify_all();
+}
+
 void Engine::run_release(ReleaseJob& job) {
+  {
+    // Unmapping while vaswap's own H2D runs would halve that copy's bandwidth; the pages can
+    // wait the few milliseconds until it completes (it does not depend on this release).
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_until(lock, [&] { return job.device->h2d_in_flight == 0; });
+  }
   for (Slot* slot : job.slots) {
     // id, va, sizes and device never change; handle and last_copy are reserved by
     // release_pending, so they can be read here without the lock.

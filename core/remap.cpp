@@ -31,7 +31,7 @@ const char* kind_name(RemapKind kind) {
 
 }  // namespace
 
-// A completion callback after H2D copies: the worker reads their times and the remap may go.
+// H2D copies whose completion the completion worker waits for.
 struct Engine::CopiesDone {
   Engine* engine = nullptr;
   RemapBatch* batch = nullptr;
@@ -42,15 +42,6 @@ struct Engine::CopiesDone {
 void CUDA_CB Engine::on_remap_point(void* data) {
   auto* batch = static_cast<RemapBatch*>(data);  // no CUDA here (invariant 4)
   batch->device->remap_worker->post([batch] { engine().run_remap(*batch); });
-}
-
-void CUDA_CB Engine::on_copies_done(void* data) {
-  auto* done = static_cast<CopiesDone*>(data);  // no CUDA here (invariant 4)
-  done->done_ns = trace::now_ns();
-  done->batch->device->remap_worker->post([done] {
-    done->engine->collect_copies(*done);
-    delete done;
-  });
 }
 
 SharedEvent Engine::make_event(unsigned flags, const std::string& subject) {
@@ -115,7 +106,11 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
       entry.copied = make_event(CU_EVENT_DISABLE_TIMING, subject);
       if (kind != RemapKind::remap_only) {
         check(driver_.cuEventCreate(&entry.start, CU_EVENT_DEFAULT), "cuEventCreate", subject);
-        check(driver_.cuEventCreate(&entry.end, CU_EVENT_DEFAULT), "cuEventCreate", subject);
+        check(driver_.cuEventCreate(&entry.end, CU_EVENT_BLOCKING_SYNC), "cuEventCreate", subject);
+      }
+      if (kind == RemapKind::deferred) {
+        check(driver_.cuEventCreate(&entry.ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+              subject);
       }
     }
     batch->outstanding = 1;  // the worker's run
@@ -130,8 +125,9 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
     }
     changed_.notify_all();
     for (RemapEntry& entry : batch->entries) {
-      if (entry.start != nullptr) driver_.cuEventDestroy(entry.start);
-      if (entry.end != nullptr) driver_.cuEventDestroy(entry.end);
+      for (CUevent event : {entry.start, entry.end, entry.ready}) {
+        if (event != nullptr) driver_.cuEventDestroy(event);
+      }
     }
     throw;
   }
@@ -154,9 +150,17 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
 // The remap worker
 // =============================================================================================
 
+// Two phases, because VMM calls made while an H2D copy runs halve that copy's bandwidth on the
+// H200 (D2H is unaffected; bench/vmm_interference.cu, docs/PERFORMANCE.md): first wait until no
+// vaswap H2D is in flight on the device and map every slot of the batch, then submit all copies.
 void Engine::run_remap(RemapBatch& batch) {
   Device& d = *batch.device;
-  std::vector<size_t> copies;
+  std::vector<std::string> errors(batch.entries.size());
+  std::vector<CUmemGenericAllocationHandle> handles(batch.entries.size(), 0);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_until(lock, [&] { return d.h2d_in_flight == 0; });
+  }
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     RemapEntry& entry = batch.entries[i];
     const uint64_t wait_start = trace::now_ns();
@@ -176,15 +180,54 @@ void Engine::run_remap(RemapBatch& batch) {
     const double wait_us = trace::us_since(wait_start);
     const uint64_t start = trace::now_ns();
     double create_us = 0, map_us = 0, access_us = 0;
-    CUmemGenericAllocationHandle handle = 0;
-    std::string error;
     try {
       if (!not_released.empty()) {
         std::string message = subject;
         message.append(" still holds its pages: ").append(not_released);
         fail(VASWAP_ERROR_INVALID_STATE, message);
       }
-      handle = map_pages(d, entry.va, entry.mapped_bytes, subject, &create_us, &map_us, &access_us);
+      handles[i] =
+          map_pages(d, entry.va, entry.mapped_bytes, subject, &create_us, &map_us, &access_us);
+    } catch (const Error& e) {
+      errors[i] = std::string(e.what()) +
+                  ". Nothing is lost: the host copy is untouched; destroy this remap and submit "
+                  "the slot again";
+      continue;
+    }
+    bytes_mapped_.fetch_add(entry.mapped_bytes);
+    remaps_done_.fetch_add(1);
+    if (trace::enabled()) {
+      trace::Record(trace::Event::remap)
+          .at(start)
+          .add("slot", entry.slot_id)
+          .hex("va", entry.va)
+          .add("bytes", static_cast<uint64_t>(entry.mapped_bytes))
+          .add("device", d.ordinal)
+          .add("batch", batch.id)
+          .add("wait_us", wait_us)
+          .add("create_us", create_us)
+          .add("map_us", map_us)
+          .add("access_us", access_us)
+          .add("lag_us", static_cast<double>(start - batch.queued_ns) / 1e3)
+          .emit();
+    }
+    if (batch.kind == RemapKind::deferred) {  // launch_h2d may go ahead with this slot now
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        entry.handle = handles[i];
+        entry.mapped = true;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  std::vector<size_t> copies;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    RemapEntry& entry = batch.entries[i];
+    if (handles[i] == 0 || batch.kind == RemapKind::deferred) continue;
+    const std::string subject =
+        "slot " + std::to_string(entry.slot_id) + " (va " + hex(entry.va) + ")";
+    try {
       if (batch.kind == RemapKind::copy) {
         entry.copy_stream = d.copy_stream;
         check(driver_.cuEventRecord(entry.start, d.copy_stream), "cuEventRecord", subject);
@@ -193,64 +236,56 @@ void Engine::run_remap(RemapBatch& batch) {
         check(driver_.cuEventRecord(entry.end, d.copy_stream), "cuEventRecord", subject);
         copies.push_back(i);
       }
-      if (batch.kind != RemapKind::deferred) {
-        check(driver_.cuEventRecord(entry.copied.get(), d.copy_stream), "cuEventRecord", subject);
-      }
+      check(driver_.cuEventRecord(entry.copied.get(), d.copy_stream), "cuEventRecord", subject);
     } catch (const Error& e) {
-      error = std::string(e.what()) +
-              ". Nothing is lost: the host copy is untouched; destroy this remap and submit the "
-              "slot again";
-    }
-    if (handle != 0) {
-      bytes_mapped_.fetch_add(entry.mapped_bytes);
-      remaps_done_.fetch_add(1);
-      if (trace::enabled()) {
-        trace::Record(trace::Event::remap)
-            .at(start)
-            .add("slot", entry.slot_id)
-            .hex("va", entry.va)
-            .add("bytes", static_cast<uint64_t>(entry.mapped_bytes))
-            .add("device", d.ordinal)
-            .add("batch", batch.id)
-            .add("wait_us", wait_us)
-            .add("create_us", create_us)
-            .add("map_us", map_us)
-            .add("access_us", access_us)
-            .add("lag_us", static_cast<double>(start - batch.queued_ns) / 1e3)
-            .emit();
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      entry.handle = handle;
-      entry.mapped = handle != 0;
-      entry.failed = !error.empty();
-      entry.error = std::move(error);
-      if (batch.kind != RemapKind::deferred && !entry.failed) entry.submitted = true;
-    }
-    changed_.notify_all();
-  }
-  if (!copies.empty()) {
-    auto* done = new CopiesDone{this, &batch, copies, 0};
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++batch.outstanding;
-    }
-    const CUresult rc = driver_.cuLaunchHostFunc(d.copy_stream, &Engine::on_copies_done, done);
-    if (rc != CUDA_SUCCESS) {  // the copies are submitted; only their timing is lost
-      log().error("{}", cuda_failure("cuLaunchHostFunc", rc,
-                                     "the H2D timing of remap " + std::to_string(batch.id)));
-      delete done;
-      std::lock_guard<std::mutex> lock(mutex_);
-      --batch.outstanding;
+      errors[i] = std::string(e.what()) +
+                  ". Nothing is lost: the host copy is untouched; destroy this remap and submit "
+                  "the slot again";
     }
   }
+  if (!copies.empty()) track_copies(batch, copies);
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < batch.entries.size(); ++i) {
+      RemapEntry& entry = batch.entries[i];
+      entry.handle = handles[i];
+      entry.mapped = handles[i] != 0;
+      entry.failed = !errors[i].empty();
+      entry.error = std::move(errors[i]);
+      if (batch.kind != RemapKind::deferred && !entry.failed) entry.submitted = true;
+    }
     batch.worker_done = true;
     --batch.outstanding;
   }
   changed_.notify_all();
+}
+
+// Counts the copies as vaswap H2D in flight on the device until they complete; the completion
+// worker waits on the last copy's event (a blocking-sync event: the thread sleeps), then reads
+// their times. Not a host callback: the driver runs host callbacks of all streams one at a time
+// in submission order, so a callback behind the copies on this stream could wait for another
+// stream's callback, and stall copies queued after it (seen on the H200: an offload and a
+// restore on two streams ran one after the other).
+void Engine::track_copies(RemapBatch& batch, std::vector<size_t> indices) {
+  auto* done = new CopiesDone{this, &batch, std::move(indices), 0};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++batch.outstanding;
+    ++batch.device->h2d_in_flight;
+  }
+  batch.device->completion_worker->post([done] {
+    Engine& e = *done->engine;
+    const RemapEntry& last = done->batch->entries[done->indices.back()];
+    const CUresult rc = e.driver_.cuEventSynchronize(last.end);
+    done->done_ns = trace::now_ns();
+    if (rc != CUDA_SUCCESS) {
+      log().error("{}", cuda_failure("cuEventSynchronize", rc,
+                                     "the H2D of remap " + std::to_string(done->batch->id)));
+    }
+    e.h2d_done(*done->batch->device);
+    e.collect_copies(*done);
+    delete done;
+  });
 }
 
 void Engine::collect_copies(const CopiesDone& done) {
@@ -324,14 +359,24 @@ void Engine::launch_h2d(RemapBatch* batch, size_t index, CUstream stream) {
   }
   const std::string subject =
       "slot " + std::to_string(entry->slot_id) + " (va " + hex(entry->va) + ")";
+  // The copy runs on the device's launch stream, ordered after the work already on `stream`, and
+  // `stream` waits for it: the same order as a copy on `stream` itself. Not on `stream` itself:
+  // on the H200, a timing event recorded on a stream just before an H2D held that H2D back until
+  // a D2H burst on another stream had finished (bench/slot_bench.cu, SLOT_BENCH_DIAG=1: 55 GB/s
+  // for both directions instead of 86). On vaswap's own stream the timing events cost nothing.
+  Device& d = *batch->device;
+  ContextScope scope(driver_, d.context);
   try {
-    check_stream(*batch->device, stream, call);
-    ContextScope scope(driver_, batch->device->context);
-    check(driver_.cuEventRecord(entry->start, stream), "cuEventRecord", subject);
-    check(driver_.cuMemcpyHtoDAsync(entry->va, entry->host, entry->bytes, stream),
+    check_stream(d, stream, call);
+    check(driver_.cuEventRecord(entry->ready, stream), "cuEventRecord", subject);
+    check(driver_.cuStreamWaitEvent(d.launch_stream, entry->ready, 0), "cuStreamWaitEvent",
+          subject);
+    check(driver_.cuEventRecord(entry->start, d.launch_stream), "cuEventRecord", subject);
+    check(driver_.cuMemcpyHtoDAsync(entry->va, entry->host, entry->bytes, d.launch_stream),
           "cuMemcpyHtoDAsync", subject);
-    check(driver_.cuEventRecord(entry->end, stream), "cuEventRecord", subject);
-    check(driver_.cuEventRecord(entry->copied.get(), stream), "cuEventRecord", subject);
+    check(driver_.cuEventRecord(entry->end, d.launch_stream), "cuEventRecord", subject);
+    check(driver_.cuEventRecord(entry->copied.get(), d.launch_stream), "cuEventRecord", subject);
+    check(driver_.cuStreamWaitEvent(stream, entry->copied.get(), 0), "cuStreamWaitEvent", subject);
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -339,24 +384,13 @@ void Engine::launch_h2d(RemapBatch* batch, size_t index, CUstream stream) {
     }
     throw;
   }
-  entry->copy_stream = stream;
-  auto* done = new CopiesDone{this, batch, {index}, 0};
+  entry->copy_stream = d.launch_stream;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     entry->submitted = true;
-    ++batch->outstanding;
   }
   changed_.notify_all();
-  const CUresult rc = driver_.cuLaunchHostFunc(stream, &Engine::on_copies_done, done);
-  if (rc != CUDA_SUCCESS) {  // the copy is submitted; only its timing is lost
-    log().error("{}", cuda_failure("cuLaunchHostFunc", rc, "the H2D timing of " + subject));
-    delete done;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --batch->outstanding;
-    }
-    changed_.notify_all();
-  }
+  track_copies(*batch, {index});
 }
 
 void Engine::wait_submitted(RemapBatch* batch, size_t index) {
@@ -516,8 +550,9 @@ void Engine::destroy_remap(RemapBatch* batch) {
     }
   }
   for (RemapEntry& entry : batch->entries) {
-    if (entry.start != nullptr) driver_.cuEventDestroy(entry.start);
-    if (entry.end != nullptr) driver_.cuEventDestroy(entry.end);
+    for (CUevent event : {entry.start, entry.end, entry.ready}) {
+      if (event != nullptr) driver_.cuEventDestroy(event);
+    }
   }
   delete batch;
   if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, "vaswap_remap_destroy: " + first_error);
