@@ -13,7 +13,7 @@ packages=(
   libunwind-dev                          # call sites, reached only through libvaswap_unwind.so
   clang-format clang-tidy                # style gates run by CI
   binutils                               # nm/readelf for the export-hygiene test
-  python3
+  python3 python3-pytest                 # the Python binding's tests
 )
 
 missing=()
@@ -30,6 +30,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The python3 on PATH may not be Debian's (pyenv, a venv): give it the pinned test requirements.
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  echo "vaswap setup: installing Python test requirements for $(command -v python3)"
+  python3 -m pip install --quiet -r "$(dirname "$0")/requirements-test.txt"
 fi
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
