@@ -67,9 +67,9 @@ void Engine::start_release(const char* call, const std::vector<Slot*>& slots,
   try {
     Device& d = device_with_workers(slots[0]->device);
     job->device = &d;
+    ContextScope scope(driver_, d.context);
     check_stream(d, stream, call);
     for (size_t i = 0; i < hosts.size(); ++i) check_host_buffer(*slots[i], hosts[i]);
-    ContextScope scope(driver_, d.context);
     for (Slot* slot : slots) {
       // Invariant 3: the H2D that restored the slot must finish before the slot is read or
       // unmapped. The event only changes while the slot is reserved, so no lock is needed.

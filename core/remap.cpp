@@ -96,11 +96,11 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
   try {
     Device& d = device_with_workers(slots[0]->device);
     batch->device = &d;
+    ContextScope scope(driver_, d.context);
     check_stream(d, stream, call);
     if (kind != RemapKind::remap_only) {
       for (size_t i = 0; i < slots.size(); ++i) check_host_buffer(*slots[i], hosts[i]);
     }
-    ContextScope scope(driver_, d.context);
     for (RemapEntry& entry : batch->entries) {
       const std::string subject = "the remap of slot " + std::to_string(entry.slot_id);
       entry.copied = make_event(CU_EVENT_DISABLE_TIMING, subject);
