@@ -313,6 +313,42 @@ TEST_F(Slots, GraphReplayAcrossHundredReleaseRemapCycles) {
   cudaGraphDestroy(graph);
 }
 
+// Invariant 5: while this thread captures in global mode, vaswap's workers release and remap a
+// slot (VMM calls, which are capture-unsafe). They run in relaxed mode, so the capture survives.
+TEST_F(Slots, WorkersDoNotBreakAGlobalCapture) {
+  const uint32_t n = 2 * kMiB / 4;
+  vaswap_slot slot = make_slot(2 * kMiB);
+  void* host = make_host(2 * kMiB);
+  const uint64_t va = info_of(slot).va;
+  fill(va, 31, n, stream_);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  VASWAP_OK_(vaswap_workers_init(0));
+  cudaStream_t side = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+
+  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  add(va, 1, n, stream_);
+  VASWAP_OK_(vaswap_offload_after(&slot, &host, 1, side));
+  ASSERT_TRUE(wait_released(slot));
+  vaswap_remap remap = nullptr;
+  VASWAP_OK_(vaswap_remap_and_copy_after(&slot, &host, 1, side, &remap));
+  VASWAP_OK_(vaswap_remap_wait_on_stream(remap, side));
+  VASWAP_OK_(vaswap_remap_adopt(remap));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(stream_, &graph));  // not invalidated
+  VASWAP_OK_(vaswap_remap_destroy(remap));
+
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaStreamSynchronize(side));
+  CUDA_OK(cudaGraphLaunch(exec, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_EQ(mismatches(read_device(va, n), 31, 1, 1), 0u);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  CUDA_OK(cudaStreamDestroy(side));
+}
+
 TEST_F(Slots, DeferredRemapCopiesOnlyWhenLaunched) {
   const uint32_t n = 4 * kMiB / 4;
   vaswap_slot slot = make_slot(4 * kMiB);
