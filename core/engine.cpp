@@ -56,8 +56,7 @@ std::unique_lock<std::mutex> Engine::driver_call_lock() {
 
 // One physical handle for the whole range (DESIGN.md §7: cost grows with handles, not bytes).
 CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t bytes,
-                                               const std::string& subject, double* create_us,
-                                               double* map_us, double* access_us) {
+                                               const std::string& subject, PageTimes* times) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -70,12 +69,12 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   CUmemGenericAllocationHandle handle = 0;
   uint64_t t = trace::now_ns();
   check(driver_.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate", subject);
-  *create_us = trace::us_since(t);
+  times->create_us = trace::us_since(t);
   t = trace::now_ns();
   CUresult rc = driver_.cuMemMap(va, bytes, 0, handle, 0);
   if (rc != CUDA_SUCCESS) driver_.cuMemRelease(handle);
   check(rc, "cuMemMap", subject);
-  *map_us = trace::us_since(t);
+  times->map_us = trace::us_since(t);
   t = trace::now_ns();
   rc = driver_.cuMemSetAccess(va, bytes, &access, 1);
   if (rc != CUDA_SUCCESS) {
@@ -83,25 +82,25 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
     driver_.cuMemRelease(handle);
   }
   check(rc, "cuMemSetAccess", subject);
-  *access_us = trace::us_since(t);
+  times->access_us = trace::us_since(t);
   return handle;
 }
 
 // Throws if the unmap fails (the pages stay mapped, nothing changed). A failed release after a
 // successful unmap is reported but not thrown: the address is free of pages either way.
 void Engine::unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
-                         const std::string& subject, double* unmap_us, double* release_us) {
+                         const std::string& subject, PageTimes* times) {
   auto lock = driver_call_lock();
   uint64_t t = trace::now_ns();
   check(driver_.cuMemUnmap(va, bytes), "cuMemUnmap", subject);
-  *unmap_us = trace::us_since(t);
+  times->unmap_us = trace::us_since(t);
   t = trace::now_ns();
   try {
     check(driver_.cuMemRelease(handle), "cuMemRelease", subject);
   } catch (const Error&) {
     // Reported by check(); the handle's pages may stay allocated until the process exits.
   }
-  *release_us = trace::us_since(t);
+  times->release_us = trace::us_since(t);
 }
 
 // =============================================================================================
@@ -110,6 +109,11 @@ void Engine::unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHan
 
 Device& Engine::device(int ordinal) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Known devices are returned without asking the driver again: this is on every slot call.
+  if (ordinal >= 0 && static_cast<size_t>(ordinal) < devices_.size() &&
+      devices_[static_cast<size_t>(ordinal)]) {
+    return *devices_[static_cast<size_t>(ordinal)];
+  }
   int count = 0;
   check(driver_.cuDeviceGetCount(&count), "cuDeviceGetCount", "the device count");
   if (ordinal < 0 || ordinal >= count) {
@@ -317,10 +321,9 @@ Slot* Engine::create_slot(int ordinal, size_t bytes) {
           "cuMemAddressReserve",
           "a slot of " + byte_size(bytes) + " on device " + std::to_string(ordinal));
   }
-  double create_us = 0, map_us = 0, access_us = 0;
+  PageTimes times;
   try {
-    slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &create_us, &map_us,
-                             &access_us);
+    slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times);
   } catch (const Error&) {
     auto lock = driver_call_lock();
     driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
@@ -379,11 +382,11 @@ void Engine::destroy_slot(Slot* slot) {
   } catch (const Error& e) {
     first_error = e.what();
   }
-  double unmap_us = 0, release_us = 0;
+  PageTimes times;
   for (CUmemGenericAllocationHandle handle : {slot->handle, remap_handle}) {
     if (handle == 0) continue;
     try {
-      unmap_pages(slot->va, slot->mapped_bytes, handle, slot->describe(), &unmap_us, &release_us);
+      unmap_pages(slot->va, slot->mapped_bytes, handle, slot->describe(), &times);
       if (handle == slot->handle) bytes_mapped_.fetch_sub(slot->mapped_bytes);
     } catch (const Error& e) {
       if (first_error.empty()) first_error = e.what();
@@ -430,94 +433,99 @@ vaswap_slot_info Engine::info(Slot* slot) {
   return info;
 }
 
-void Engine::unmap_and_release(Slot* slot) {
-  const char* call = "vaswap_slot_unmap_and_release";
+void Engine::pages_released(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
+                            const std::optional<BatchTiming>& timing) {
+  bytes_mapped_.fetch_sub(slot.mapped_bytes);
+  releases_.fetch_add(1);
+  if (!trace::enabled()) return;
+  trace::Record record(trace::Event::release);
+  record.at(start_ns)
+      .add("slot", slot.id)
+      .hex("va", slot.va)
+      .add("bytes", static_cast<uint64_t>(slot.mapped_bytes))
+      .add("device", slot.device);
+  if (timing) record.add("batch", timing->batch).add("lag_us", timing->lag_us);
+  record.add("unmap_us", times.unmap_us).add("release_us", times.release_us);
+  if (!timing) record.add("sync", true);
+  record.emit();
+}
+
+void Engine::pages_mapped(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
+                          const std::optional<BatchTiming>& timing) {
+  bytes_mapped_.fetch_add(slot.mapped_bytes);
+  remaps_done_.fetch_add(1);
+  if (!trace::enabled()) return;
+  trace::Record record(trace::Event::remap);
+  record.at(start_ns)
+      .add("slot", slot.id)
+      .hex("va", slot.va)
+      .add("bytes", static_cast<uint64_t>(slot.mapped_bytes))
+      .add("device", slot.device);
+  if (timing) {
+    record.add("batch", timing->batch)
+        .add("wait_us", timing->wait_us)
+        .add("lag_us", timing->lag_us);
+  }
+  record.add("create_us", times.create_us)
+      .add("map_us", times.map_us)
+      .add("access_us", times.access_us);
+  if (!timing) record.add("sync", true);
+  record.emit();
+}
+
+void Engine::reserve_for_sync(Slot* slot, const char* call, bool want_mapped) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checked_batch({slot}, call);
+  const bool mapped = slot->handle != 0;
+  if (mapped != want_mapped || slot->release_pending || slot->remap != nullptr) {
+    const char* why =
+        mapped != want_mapped
+            ? (want_mapped ? " has no pages of its own to release" : " is mapped already")
+            : " has a release or remap in flight; wait for it first";
+    fail(VASWAP_ERROR_INVALID_STATE, std::string(call) + ": " + slot->describe() + why);
+  }
+  slot->release_pending = true;
+}
+
+void Engine::end_sync(Slot* slot, std::optional<CUmemGenericAllocationHandle> handle) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    checked_batch({slot}, call);
-    if (slot->handle == 0 || slot->release_pending || slot->remap != nullptr) {
-      fail(VASWAP_ERROR_INVALID_STATE,
-           std::string(call) + ": " + slot->describe() +
-               (slot->handle == 0 ? " has no pages of its own to release"
-                                  : " has a release or remap in flight; wait for it first"));
-    }
-    slot->release_pending = true;  // reserves the slot against concurrent calls
-  }
-  Device& d = device(slot->device);
-  ContextScope scope(driver_, d.context);
-  double unmap_us = 0, release_us = 0;
-  try {
-    unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &unmap_us,
-                &release_us);
-  } catch (const Error&) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    if (handle) slot->handle = *handle;
     slot->release_pending = false;
-    changed_.notify_all();
-    throw;
   }
-  bytes_mapped_.fetch_sub(slot->mapped_bytes);
-  releases_.fetch_add(1);
-  if (trace::enabled()) {
-    trace::Record(trace::Event::release)
-        .add("slot", slot->id)
-        .hex("va", slot->va)
-        .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
-        .add("device", slot->device)
-        .add("unmap_us", unmap_us)
-        .add("release_us", release_us)
-        .add("sync", true)
-        .emit();
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  slot->handle = 0;
-  slot->release_pending = false;
   changed_.notify_all();
 }
 
-void Engine::create_and_remap(Slot* slot) {
-  const char* call = "vaswap_slot_create_and_remap";
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    checked_batch({slot}, call);
-    if (slot->handle != 0 || slot->release_pending || slot->remap != nullptr) {
-      fail(VASWAP_ERROR_INVALID_STATE,
-           std::string(call) + ": " + slot->describe() +
-               (slot->handle != 0 ? " is mapped already"
-                                  : " has a release or remap in flight; wait for it first"));
-    }
-    slot->release_pending = true;  // reserves the slot against concurrent calls
-  }
-  Device& d = device(slot->device);
-  ContextScope scope(driver_, d.context);
-  double create_us = 0, map_us = 0, access_us = 0;
-  CUmemGenericAllocationHandle handle = 0;
+void Engine::unmap_and_release(Slot* slot) {
+  reserve_for_sync(slot, "vaswap_slot_unmap_and_release", /*want_mapped=*/true);
+  ContextScope scope(driver_, device(slot->device).context);
+  const uint64_t start = trace::now_ns();
+  PageTimes times;
   try {
-    handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &create_us, &map_us,
-                       &access_us);
+    unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times);
   } catch (const Error&) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    slot->release_pending = false;
-    changed_.notify_all();
+    end_sync(slot, std::nullopt);
     throw;
   }
-  bytes_mapped_.fetch_add(slot->mapped_bytes);
-  remaps_done_.fetch_add(1);
-  if (trace::enabled()) {
-    trace::Record(trace::Event::remap)
-        .add("slot", slot->id)
-        .hex("va", slot->va)
-        .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
-        .add("device", slot->device)
-        .add("create_us", create_us)
-        .add("map_us", map_us)
-        .add("access_us", access_us)
-        .add("sync", true)
-        .emit();
+  pages_released(facts_of(*slot), times, start, std::nullopt);
+  end_sync(slot, CUmemGenericAllocationHandle{0});
+}
+
+void Engine::create_and_remap(Slot* slot) {
+  reserve_for_sync(slot, "vaswap_slot_create_and_remap", /*want_mapped=*/false);
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  const uint64_t start = trace::now_ns();
+  PageTimes times;
+  CUmemGenericAllocationHandle handle = 0;
+  try {
+    handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times);
+  } catch (const Error&) {
+    end_sync(slot, std::nullopt);
+    throw;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  slot->handle = handle;
-  slot->release_pending = false;
-  changed_.notify_all();
+  pages_mapped(facts_of(*slot), times, start, std::nullopt);
+  end_sync(slot, handle);
 }
 
 void* Engine::host_alloc(size_t bytes) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -89,10 +90,26 @@ struct SlotFacts {
   uint64_t id = 0;
   CUdeviceptr va = 0;
   size_t bytes = 0;
+  size_t mapped_bytes = 0;
   int device = 0;
 };
 
-inline SlotFacts facts_of(const Slot& slot) { return {slot.id, slot.va, slot.bytes, slot.device}; }
+inline SlotFacts facts_of(const Slot& slot) {
+  return {slot.id, slot.va, slot.bytes, slot.mapped_bytes, slot.device};
+}
+
+// How long the driver calls of one map or unmap took, for the trace.
+struct PageTimes {
+  double create_us = 0, map_us = 0, access_us = 0;  // map_pages
+  double unmap_us = 0, release_us = 0;              // unmap_pages
+};
+
+// Where a worker's map or unmap sat in its batch; absent for the synchronous calls.
+struct BatchTiming {
+  uint64_t batch = 0;
+  double wait_us = 0;  // remap: waiting for the slot's release
+  double lag_us = 0;   // from the callback (release) or the submission (remap) to the work
+};
 
 inline uint64_t stream_id(CUstream stream) { return reinterpret_cast<uintptr_t>(stream); }
 
@@ -192,16 +209,26 @@ class Engine {
   void h2d_done(Device& d);
   SharedEvent make_event(unsigned flags, const std::string& subject);
   RemapEntry& entry_of(RemapBatch* batch, size_t index, const char* call);
+  void stream_waits(const RemapBatch& batch, CUstream stream,
+                    const std::vector<SharedEvent>& events);
   void wait_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);
   std::string take_async_errors(const std::vector<Slot*>& slots);
 
   // Driver calls with error reporting; see engine.cpp.
   void check(CUresult result, const char* call, const std::string& subject);
   CUmemGenericAllocationHandle map_pages(Device& d, CUdeviceptr va, size_t bytes,
-                                         const std::string& subject, double* create_us,
-                                         double* map_us, double* access_us);
+                                         const std::string& subject, PageTimes* times);
   void unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
-                   const std::string& subject, double* unmap_us, double* release_us);
+                   const std::string& subject, PageTimes* times);
+  // Counters and trace for pages that went away or came back, shared by workers and the
+  // synchronous calls.
+  void pages_released(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
+                      const std::optional<BatchTiming>& timing);
+  void pages_mapped(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
+                    const std::optional<BatchTiming>& timing);
+  // The synchronous calls reserve the slot (release_pending) against workers and other calls.
+  void reserve_for_sync(Slot* slot, const char* call, bool want_mapped);
+  void end_sync(Slot* slot, std::optional<CUmemGenericAllocationHandle> handle);
   std::unique_lock<std::mutex> driver_call_lock();
 
   const Driver& driver_;

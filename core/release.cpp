@@ -138,9 +138,9 @@ void Engine::run_release(ReleaseJob& job) {
     // release_pending, so they can be read here without the lock.
     const std::string subject = slot->describe();
     const uint64_t start = trace::now_ns();
-    double unmap_us = 0, release_us = 0;
+    PageTimes times;
     try {
-      unmap_pages(slot->va, slot->mapped_bytes, slot->handle, subject, &unmap_us, &release_us);
+      unmap_pages(slot->va, slot->mapped_bytes, slot->handle, subject, &times);
     } catch (const Error& e) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -151,21 +151,8 @@ void Engine::run_release(ReleaseJob& job) {
       changed_.notify_all();
       continue;
     }
-    bytes_mapped_.fetch_sub(slot->mapped_bytes);
-    releases_.fetch_add(1);
-    if (trace::enabled()) {
-      trace::Record(trace::Event::release)
-          .at(start)
-          .add("slot", slot->id)
-          .hex("va", slot->va)
-          .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
-          .add("device", slot->device)
-          .add("batch", job.batch)
-          .add("unmap_us", unmap_us)
-          .add("release_us", release_us)
-          .add("lag_us", static_cast<double>(start - job.callback_ns) / 1e3)
-          .emit();
-    }
+    pages_released(facts_of(*slot), times, start,
+                   BatchTiming{job.batch, 0, static_cast<double>(start - job.callback_ns) / 1e3});
     SharedEvent last_copy;
     {
       std::lock_guard<std::mutex> lock(mutex_);

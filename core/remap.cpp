@@ -11,22 +11,19 @@ namespace vaswap {
 
 namespace {
 
-const char* call_name(RemapKind kind) {
-  switch (kind) {
-    case RemapKind::remap_only: return "vaswap_remap_after";
-    case RemapKind::copy: return "vaswap_remap_and_copy_after";
-    case RemapKind::deferred: return "vaswap_remap_deferred_after";
-  }
-  return "vaswap_remap";
-}
+// Per kind: the C call that submits it, and its name in the trace.
+struct KindNames {
+  const char* call;
+  const char* trace;
+};
 
-const char* kind_name(RemapKind kind) {
+KindNames names_of(RemapKind kind) {
   switch (kind) {
-    case RemapKind::remap_only: return "remap_only";
-    case RemapKind::copy: return "copy";
-    case RemapKind::deferred: return "deferred";
+    case RemapKind::remap_only: return {"vaswap_remap_after", "remap_only"};
+    case RemapKind::copy: return {"vaswap_remap_and_copy_after", "copy"};
+    case RemapKind::deferred: return {"vaswap_remap_deferred_after", "deferred"};
   }
-  return "?";
+  return {"vaswap_remap", "?"};
 }
 
 }  // namespace
@@ -57,7 +54,7 @@ SharedEvent Engine::make_event(unsigned flags, const std::string& subject) {
 
 RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
                                 const std::vector<void*>& hosts, CUstream stream) {
-  const char* call = call_name(kind);
+  const char* call = names_of(kind).call;
   auto batch = std::make_unique<RemapBatch>();
   batch->id = next_id_.fetch_add(1);
   batch->kind = kind;
@@ -136,7 +133,7 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
     for (const RemapEntry& entry : batch->entries) bytes += entry.bytes;
     trace::Record(trace::Event::remap_queued)
         .add("batch", batch->id)
-        .add("kind", kind_name(kind))
+        .add("kind", names_of(kind).trace)
         .add("slots", static_cast<uint64_t>(slots.size()))
         .add("bytes", bytes)
         .add("device", slots[0]->device)
@@ -179,38 +176,24 @@ void Engine::run_remap(RemapBatch& batch) {
     }
     const double wait_us = trace::us_since(wait_start);
     const uint64_t start = trace::now_ns();
-    double create_us = 0, map_us = 0, access_us = 0;
+    PageTimes times;
     try {
       if (!not_released.empty()) {
         std::string message = subject;
         message.append(" still holds its pages: ").append(not_released);
         fail(VASWAP_ERROR_INVALID_STATE, message);
       }
-      handles[i] =
-          map_pages(d, entry.va, entry.mapped_bytes, subject, &create_us, &map_us, &access_us);
+      handles[i] = map_pages(d, entry.va, entry.mapped_bytes, subject, &times);
     } catch (const Error& e) {
       errors[i] = std::string(e.what()) +
                   ". Nothing is lost: the host copy is untouched; destroy this remap and submit "
                   "the slot again";
       continue;
     }
-    bytes_mapped_.fetch_add(entry.mapped_bytes);
-    remaps_done_.fetch_add(1);
-    if (trace::enabled()) {
-      trace::Record(trace::Event::remap)
-          .at(start)
-          .add("slot", entry.slot_id)
-          .hex("va", entry.va)
-          .add("bytes", static_cast<uint64_t>(entry.mapped_bytes))
-          .add("device", d.ordinal)
-          .add("batch", batch.id)
-          .add("wait_us", wait_us)
-          .add("create_us", create_us)
-          .add("map_us", map_us)
-          .add("access_us", access_us)
-          .add("lag_us", static_cast<double>(start - batch.queued_ns) / 1e3)
-          .emit();
-    }
+    const SlotFacts facts{entry.slot_id, entry.va, entry.bytes, entry.mapped_bytes, d.ordinal};
+    pages_mapped(
+        facts, times, start,
+        BatchTiming{batch.id, wait_us, static_cast<double>(start - batch.queued_ns) / 1e3});
     if (batch.kind == RemapKind::deferred) {  // launch_h2d may go ahead with this slot now
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -409,6 +392,10 @@ void Engine::wait_submitted(RemapBatch* batch, size_t index) {
 void Engine::wait_on_stream(RemapBatch* batch, size_t index, CUstream stream) {
   const char* call =
       index == SIZE_MAX ? "vaswap_remap_wait_on_stream" : "vaswap_remap_wait_slot_on_stream";
+  if (index != SIZE_MAX) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entry_of(batch, index, call);  // the index check, with this call's name
+  }
   check_stream(*batch->device, stream, call);
   std::vector<SharedEvent> events;
   const size_t first = index == SIZE_MAX ? 0 : index;
@@ -418,10 +405,15 @@ void Engine::wait_on_stream(RemapBatch* batch, size_t index, CUstream stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     events.push_back(batch->entries[i].copied);
   }
-  ContextScope scope(driver_, batch->device->context);
+  stream_waits(*batch, stream, events);
+}
+
+void Engine::stream_waits(const RemapBatch& batch, CUstream stream,
+                          const std::vector<SharedEvent>& events) {
+  ContextScope scope(driver_, batch.device->context);
   for (const SharedEvent& event : events) {
     check(driver_.cuStreamWaitEvent(stream, event.get(), 0), "cuStreamWaitEvent",
-          "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch->id));
+          "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch.id));
   }
 }
 
@@ -437,11 +429,7 @@ bool Engine::try_wait_on_stream(RemapBatch* batch, CUstream stream) {
       events.push_back(entry.copied);
     }
   }
-  ContextScope scope(driver_, batch->device->context);
-  for (const SharedEvent& event : events) {
-    check(driver_.cuStreamWaitEvent(stream, event.get(), 0), "cuStreamWaitEvent",
-          "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch->id));
-  }
+  stream_waits(*batch, stream, events);
   return true;
 }
 
@@ -524,10 +512,10 @@ void Engine::destroy_remap(RemapBatch* batch) {
       first_error = e.what();
     }
     for (const Discard& discard : discards) {
-      double unmap_us = 0, release_us = 0;
+      PageTimes times;
       try {
         unmap_pages(discard.facts.va, discard.mapped_bytes, discard.handle,
-                    discard.slot->describe(), &unmap_us, &release_us);
+                    discard.slot->describe(), &times);
         bytes_mapped_.fetch_sub(discard.mapped_bytes);
       } catch (const Error& e) {
         if (first_error.empty()) first_error = e.what();

@@ -111,6 +111,20 @@ bool wait_released(vaswap_slot slot) {
   return false;
 }
 
+// A whole restore: remap and copy back, the stream waits for it, the slots adopt their pages.
+// Returns the first failing status (vaswap_last_error() has its message).
+vaswap_status restore(vaswap_slot* slots, void** hosts, size_t count, cudaStream_t stream) {
+  vaswap_remap remap = nullptr;
+  vaswap_status s = vaswap_remap_and_copy_after(slots, hosts, count, stream, &remap);
+  if (s == VASWAP_OK) s = vaswap_remap_wait_on_stream(remap, stream);
+  if (s == VASWAP_OK) s = vaswap_remap_adopt(remap);
+  if (remap != nullptr) {
+    const vaswap_status destroyed = vaswap_remap_destroy(remap);
+    if (s == VASWAP_OK) s = destroyed;
+  }
+  return s;
+}
+
 size_t free_bytes(int device) {
   size_t free = 0, total = 0;
   EXPECT_EQ(vaswap_driver_memory_info(device, &free, &total), VASWAP_OK) << vaswap_last_error();
@@ -235,17 +249,14 @@ TEST_F(Slots, AddressStableAcrossOffloadRemapAndDeferredCopy) {
   ASSERT_TRUE(wait_released(slot));
   EXPECT_EQ(info_of(slot).va, va);
 
-  vaswap_remap remap = nullptr;
-  VASWAP_OK_(vaswap_remap_and_copy_after(&slot, &host, 1, stream_, &remap));
-  VASWAP_OK_(vaswap_remap_wait_on_stream(remap, stream_));
-  VASWAP_OK_(vaswap_remap_adopt(remap));
-  VASWAP_OK_(vaswap_remap_destroy(remap));
+  VASWAP_OK_(restore(&slot, &host, 1, stream_));
   EXPECT_EQ(info_of(slot).va, va);
   EXPECT_EQ(info_of(slot).mapped, 1);
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(mismatches(read_device(va, n), 3, 1, 0), 0u);
 
   VASWAP_OK_(vaswap_offload_after(&slot, &host, 1, stream_));
+  vaswap_remap remap = nullptr;
   VASWAP_OK_(vaswap_remap_deferred_after(&slot, &host, 1, stream_, &remap));
   VASWAP_OK_(vaswap_remap_launch_h2d(remap, 0, stream_));
   VASWAP_OK_(vaswap_remap_wait_slot_on_stream(remap, 0, stream_));
@@ -287,11 +298,7 @@ TEST_F(Slots, GraphReplayAcrossHundredReleaseRemapCycles) {
                               cudaMemcpyDeviceToHost, stream_));
     }
     VASWAP_OK_(vaswap_release_after(slots, 2, stream_));
-    vaswap_remap remap = nullptr;
-    VASWAP_OK_(vaswap_remap_and_copy_after(slots, hosts, 2, stream_, &remap));
-    VASWAP_OK_(vaswap_remap_wait_on_stream(remap, stream_));
-    VASWAP_OK_(vaswap_remap_adopt(remap));
-    VASWAP_OK_(vaswap_remap_destroy(remap));
+    VASWAP_OK_(restore(slots, hosts, 2, stream_));
     ASSERT_EQ(info_of(slots[0]).va, a);
     ASSERT_EQ(info_of(slots[1]).va, b);
     if (cycle % 25 == 0) {
@@ -714,10 +721,7 @@ TEST_F(Slots, FailedRemapKeepsTheHostCopyAndCanBeRetried) {
   EXPECT_NE(message.find("the host copy is untouched"), std::string::npos) << message;
   VASWAP_OK_(vaswap_remap_destroy(remap));
   EXPECT_EQ(info_of(slot).mapped, 0);
-  VASWAP_OK_(vaswap_remap_and_copy_after(&slot, &host, 1, stream_, &remap));
-  VASWAP_OK_(vaswap_remap_wait_on_stream(remap, stream_));
-  VASWAP_OK_(vaswap_remap_adopt(remap));
-  VASWAP_OK_(vaswap_remap_destroy(remap));
+  VASWAP_OK_(restore(&slot, &host, 1, stream_));
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(info_of(slot).va, va);
   EXPECT_EQ(mismatches(read_device(va, n), 42, 1, 0), 0u);
@@ -782,12 +786,8 @@ TEST_F(Slots, ParallelDriverCallsWhenSerialIsOff) {
   std::vector<vaswap_status> results(4, VASWAP_ERROR_INVALID_STATE);
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
-      vaswap_remap remap = nullptr;
       vaswap_status s = vaswap_offload_after(&slots[i], &hosts[i], 1, stream_);
-      if (s == VASWAP_OK) s = vaswap_remap_and_copy_after(&slots[i], &hosts[i], 1, stream_, &remap);
-      if (s == VASWAP_OK) s = vaswap_remap_wait_on_stream(remap, stream_);
-      if (s == VASWAP_OK) s = vaswap_remap_adopt(remap);
-      if (s == VASWAP_OK) s = vaswap_remap_destroy(remap);
+      if (s == VASWAP_OK) s = restore(&slots[i], &hosts[i], 1, stream_);
       results[static_cast<size_t>(i)] = s;
     });
   }
