@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
+
+#include "symbols.h"
 
 namespace vaswap {
 
@@ -51,7 +54,7 @@ LoadedDriver* load() {
     return loaded;
   }
   auto get_proc_address =
-      reinterpret_cast<decltype(&::cuGetProcAddress)>(dlsym(library, "cuGetProcAddress_v2"));
+      reinterpret_cast<decltype(&::cuGetProcAddress)>(real_dlsym(library, "cuGetProcAddress_v2"));
   if (get_proc_address == nullptr) {
     loaded->error = "libcuda.so.1 has no cuGetProcAddress_v2; vaswap needs driver 580 or newer";
     return loaded;
@@ -74,6 +77,19 @@ const Driver* load_driver(std::string* error) {
     return nullptr;
   }
   return &loaded->api;
+}
+
+GetProcAddress driver_get_proc_address() {
+  // No static-local guard: this runs inside dlsym and cuGetProcAddress calls that other
+  // libraries make while they are being initialized. Racing threads find the same function.
+  static std::atomic<GetProcAddress> cached{nullptr};
+  GetProcAddress fn = cached.load(std::memory_order_acquire);
+  if (fn != nullptr) return fn;
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return nullptr;
+  fn = reinterpret_cast<GetProcAddress>(real_dlsym(library, "cuGetProcAddress_v2"));
+  if (fn != nullptr) cached.store(fn, std::memory_order_release);
+  return fn;
 }
 
 std::string cuda_error_name(CUresult result) {

@@ -28,7 +28,8 @@ namespace vaswap {
   X(cuStreamWaitEvent, 3020) X(cuLaunchHostFunc, 10000) X(cuEventCreate, 2000)                    \
   X(cuEventDestroy, 4000) X(cuEventRecord, 2000) X(cuEventQuery, 2000)                            \
   X(cuEventSynchronize, 2000) X(cuEventElapsedTime, 12080)                                        \
-  X(cuThreadExchangeStreamCaptureMode, 10010) X(cuGetErrorName, 6000)
+  X(cuThreadExchangeStreamCaptureMode, 10010) X(cuGetErrorName, 6000)                          \
+  X(cuStreamGetCaptureInfo, 12030)
 // clang-format on
 
 struct Driver {
@@ -40,6 +41,12 @@ struct Driver {
 // The driver, loaded and initialized once. Returns nullptr when it cannot be, and then `error`
 // (if given) says why: no libcuda.so.1, a missing entry point, or cuInit's error.
 const Driver* load_driver(std::string* error);
+
+// The driver's own cuGetProcAddress_v2, without initializing the driver (it works before cuInit).
+// nullptr when libcuda.so.1 cannot be loaded. Cheap after the first call.
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+GetProcAddress driver_get_proc_address();
 
 // "CUDA_ERROR_OUT_OF_MEMORY" for a code, or "CUresult 999" when the driver has no name for it.
 std::string cuda_error_name(CUresult result);
