@@ -305,13 +305,14 @@ void Engine::wait_until(std::unique_lock<std::mutex>& lock, const std::function<
 // Slots
 // =============================================================================================
 
-Slot* Engine::create_slot(int ordinal, size_t bytes) {
+Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted) {
   if (bytes == 0) fail(VASWAP_ERROR_INVALID_ARGUMENT, "vaswap_slot_create: bytes must be > 0");
   Device& d = device(ordinal);
   auto slot = std::make_unique<Slot>();
   slot->id = next_id_.fetch_add(1);
   slot->device = ordinal;
   slot->bytes = bytes;
+  slot->intercepted = intercepted;
   slot->mapped_bytes = (bytes + d.granularity - 1) / d.granularity * d.granularity;
   const uint64_t start = trace::now_ns();
   ContextScope scope(driver_, d.context);

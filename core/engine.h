@@ -78,6 +78,7 @@ struct Slot {
   CUmemGenericAllocationHandle handle = 0;  // pages the slot owns; 0 when released
   bool release_pending = false;
   bool closing = false;
+  bool intercepted = false;     // backs an allocation the preload intercepted: its free destroys it
   RemapBatch* remap = nullptr;  // a remap that references the slot, until adopt/destroy
   SharedEvent last_copy;        // the H2D of the remap it adopted; a release waits on it
   std::string async_error;      // a worker's failure, reported by the next call on the slot
@@ -156,7 +157,9 @@ class Engine {
   explicit Engine(const Driver& driver) : driver_(driver) {}
 
   // Slots
-  Slot* create_slot(int device, size_t bytes);
+  // `intercepted`: the slot backs an allocation the preload intercepted; only the program's free
+  // of that allocation may destroy it (vaswap_slot_destroy refuses).
+  Slot* create_slot(int device, size_t bytes, bool intercepted = false);
   void destroy_slot(Slot* slot);
   vaswap_slot_info info(Slot* slot);
   void unmap_and_release(Slot* slot);

@@ -23,7 +23,9 @@ struct CaptureTag {
   uint64_t sequence = 0;  // the capture's id (cuStreamGetCaptureInfo), unique in the process
 };
 
-enum class RegionKind { runtime_malloc, driver_malloc, slot };
+// runtime_malloc: cudaMalloc; driver_malloc: cuMemAlloc; stream_ordered: the cudaMallocAsync /
+// cuMemAllocAsync families (tracked, never slots); slot: backed by a vaswap slot.
+enum class RegionKind { runtime_malloc, driver_malloc, stream_ordered, slot };
 
 struct Region {
   uintptr_t base = 0;

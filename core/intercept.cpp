@@ -1,0 +1,524 @@
+#include "intercept.h"
+
+#include <dlfcn.h>
+#include <sys/auxv.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "driver.h"
+#include "engine.h"
+#include "errors.h"
+#include "log.h"
+#include "settings.h"
+#include "trace.h"
+
+namespace vaswap::intercept {
+
+namespace {
+
+// =============================================================================================
+// The environment, read once
+// =============================================================================================
+
+struct Environment {
+  bool on = false;
+  Settings settings;
+  std::vector<std::string> notices;  // said once, at the first hooked call
+};
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+Environment read_environment() {
+  Environment e;
+  // A setuid/setgid or capability-raising exec: nothing from the environment may steer code
+  // in this process (the same rule glibc applies to LD_* and MALLOC_*). Pass everything through.
+  if (getauxval(AT_SECURE) != 0) return e;
+  std::string error;
+  if (!apply_conf(env("VASWAP_CONF"), "VASWAP_CONF", &e.settings, &error)) {
+    e.notices.push_back(error + "; vaswap is passing every call through");
+    e.settings.mode = Mode::off;
+  }
+  if (!env("VASWAP_POLICY").empty()) {
+    e.notices.push_back("VASWAP_POLICY=" + env("VASWAP_POLICY") +
+                        " is not read by this version of vaswap (policy files come with the policy "
+                        "module); set VASWAP_CONF=\"mode=auto,selection.min_bytes=16MiB\" instead");
+  }
+  for (const char* name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
+    if (!expandable_segments_enabled(env(name))) continue;
+    e.notices.push_back(
+        std::string(name) +
+        " has expandable_segments:True: PyTorch then maps its own memory with "
+        "cuMemCreate/cuMemMap and never calls cudaMalloc for its segments, so vaswap cannot "
+        "select, back or offload PyTorch's tensors. Remove the setting (or set "
+        "expandable_segments:False) to let vaswap back graph-pool segments with slots");
+  }
+  e.on = e.settings.mode != Mode::off;
+  return e;
+}
+
+const Environment& environment() {
+  static const Environment* e = new Environment(read_environment());  // read once, never freed
+  return *e;
+}
+
+// First hooked call: open the trace and say what needs saying, once.
+void start() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    trace::open_from_environment();
+    for (const std::string& notice : environment().notices) {
+      log().warn("{}", notice);
+      if (trace::enabled()) trace::Record(trace::Event::notice).add("message", notice).emit();
+    }
+  });
+}
+
+// =============================================================================================
+// Tables
+// =============================================================================================
+
+uint64_t thread_id() {
+  static thread_local const uint64_t tid = static_cast<uint64_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+struct LiveCapture {
+  CaptureTag tag;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  uint64_t begin_ns = 0;
+  uint64_t allocations = 0, bytes = 0, slots = 0;
+};
+
+struct GraphFacts {
+  uint64_t capture = 0;  // the capture that made the graph
+  uint64_t allocations = 0, slots = 0;
+};
+
+struct Tables {
+  std::mutex mutex;  // guards the maps below; the registry has its own lock
+  std::unordered_map<CUstream, LiveCapture> captures;  // live captures, by capturing stream
+  std::unordered_map<CUgraph, GraphFacts> graphs;      // graphs that came from a capture
+  std::unordered_map<CUgraphExec, CUgraph> execs;
+  RegionRegistry registry;
+  std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
+      launches{0};
+};
+
+Tables& tables() {
+  static auto* t = new Tables;  // leaked: hooks run from atexit handlers and other threads
+  return *t;
+}
+
+// Streams this thread began capturing, newest last. An allocation belongs to the newest one that
+// is still live and was begun by this thread.
+thread_local std::vector<CUstream> tls_captures;
+
+std::optional<LiveCapture*> current_capture_locked(Tables& t) {
+  while (!tls_captures.empty()) {
+    auto it = t.captures.find(tls_captures.back());
+    if (it != t.captures.end() && it->second.tag.thread == thread_id()) return &it->second;
+    tls_captures.pop_back();  // ended elsewhere (relaxed mode allows that) or by a reset
+  }
+  return std::nullopt;
+}
+
+// A null stream means the calling thread's per-thread stream in the _ptsz/_ptds entry points.
+CUstream stream_of(const Call& call, CUstream stream) {
+  return call.per_thread && stream == nullptr ? CU_STREAM_PER_THREAD : stream;
+}
+
+const char* api_name(Api api) { return api == Api::runtime ? "runtime" : "driver"; }
+
+const char* mode_name(CUstreamCaptureMode mode) {
+  switch (mode) {
+    case CU_STREAM_CAPTURE_MODE_GLOBAL: return "global";
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "thread_local";
+    case CU_STREAM_CAPTURE_MODE_RELAXED: return "relaxed";
+  }
+  return "unknown";
+}
+
+trace::Record record(trace::Event event, const Call& call) {
+  trace::Record r(event);
+  r.add("call", call.symbol).add("api", api_name(call.api));
+  return r;
+}
+
+int current_device() {
+  const Driver* driver = load_driver(nullptr);
+  CUdevice device = 0;
+  if (driver == nullptr || driver->cuCtxGetDevice(&device) != CUDA_SUCCESS) return -1;
+  return static_cast<int>(device);
+}
+
+// NCCL maps and registers its own buffers; remapping under a registered buffer hangs. An
+// allocation whose call comes from libnccl is never a slot.
+bool from_nccl(const void* caller) {
+  Dl_info info{};
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr) return false;
+  const char* slash = std::strrchr(info.dli_fname, '/');
+  return std::strncmp(slash != nullptr ? slash + 1 : info.dli_fname, "libnccl", 7) == 0;
+}
+
+// Registers `region`. A region already registered over the same bytes was freed through a path
+// the hooks do not see (cuMemFree v1, a context destroyed): the driver has just handed these
+// bytes out again, so the old entry is stale and goes.
+void register_region(const Region& region) {
+  RegionRegistry& registry = tables().registry;
+  std::string error;
+  if (registry.insert(region, &error)) return;
+  for (const Region& stale : registry.overlapping(region.base, region.base + region.bytes)) {
+    log().debug("dropping stale region [{}, +{}): {}", hex(stale.base), stale.bytes, error);
+    registry.erase(stale.base);
+  }
+  if (!registry.insert(region, &error)) log().warn("cannot register a region: {}", error);
+}
+
+void warn_slot_failure(const std::string& why) {
+  static std::atomic<uint64_t> failures{0};
+  const uint64_t n = failures.fetch_add(1);
+  if (n == 0 || (n & (n + 1)) == 0) {  // the 1st, 2nd, 4th, 8th... time
+    log().warn("could not back an allocation with a slot ({} so far; it was passed through): {}",
+               n + 1, why);
+  }
+}
+
+}  // namespace
+
+// =============================================================================================
+// Public
+// =============================================================================================
+
+bool routing_on() {
+  // -1: not decided. Asked on every hooked call, so after the first it is one relaxed load.
+  static std::atomic<int> state{-1};
+  int s = state.load(std::memory_order_relaxed);
+  if (s < 0) {
+    s = environment().on ? 1 : 0;
+    state.store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+bool on() {
+  if (routing_on()) {
+    start();
+    return true;
+  }
+  // Off: say why once (a malformed VASWAP_CONF), then stay out of the way.
+  static std::atomic<bool> said{false};
+  if (!said.load(std::memory_order_relaxed) && !environment().notices.empty()) {
+    said.store(true);
+    for (const std::string& notice : environment().notices) log().warn("{}", notice);
+  }
+  return false;
+}
+
+bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va) {
+  const Settings& settings = environment().settings;
+  if (bytes < settings.min_bytes) return false;
+  Tables& t = tables();
+  std::optional<CaptureTag> capture;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (auto live = current_capture_locked(t)) capture = (*live)->tag;
+  }
+  if (settings.captured_only && !capture) return false;
+  if (from_nccl(call.caller)) {
+    if (trace::enabled()) {
+      record(trace::Event::alloc, call)
+          .add("bytes", static_cast<uint64_t>(bytes))
+          .add("selected", false)
+          .add("skipped", "nccl")
+          .emit();
+    }
+    return false;
+  }
+  const int device = current_device();
+  if (device < 0) return false;
+  Slot* slot = nullptr;
+  try {
+    slot = engine().create_slot(device, bytes, /*intercepted=*/true);
+  } catch (const Error& e) {
+    warn_slot_failure(e.what());
+    return false;
+  }
+  register_region({slot->va, bytes, device, RegionKind::slot, capture, slot});
+  t.allocations.fetch_add(1, std::memory_order_relaxed);
+  t.slots.fetch_add(1, std::memory_order_relaxed);
+  if (capture) {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (auto live = current_capture_locked(t)) {
+      (*live)->allocations++;
+      (*live)->bytes += bytes;
+      (*live)->slots++;
+    }
+  }
+  if (trace::enabled()) {
+    auto r = record(trace::Event::alloc, call);
+    r.hex("va", slot->va).add("bytes", static_cast<uint64_t>(bytes)).add("device", device);
+    if (capture) r.add("capture", capture->sequence);
+    r.add("selected", true).add("slot", slot->id).emit();
+  }
+  *va = slot->va;
+  return true;
+}
+
+void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream) {
+  if (bytes == 0 || va == 0) return;
+  Tables& t = tables();
+  std::optional<CaptureTag> capture;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (auto live = current_capture_locked(t)) {
+      capture = (*live)->tag;
+      (*live)->allocations++;
+      (*live)->bytes += bytes;
+    }
+  }
+  const RegionKind kind = stream != nullptr          ? RegionKind::stream_ordered
+                          : call.api == Api::runtime ? RegionKind::runtime_malloc
+                                                     : RegionKind::driver_malloc;
+  const int device = current_device();
+  register_region({va, bytes, device, kind, capture, nullptr});
+  t.allocations.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) {
+    auto r = record(trace::Event::alloc, call);
+    r.hex("va", va).add("bytes", static_cast<uint64_t>(bytes)).add("device", device);
+    if (capture) r.add("capture", capture->sequence);
+    if (stream != nullptr) r.hex("stream", stream_id(stream_of(call, stream)));
+    r.add("selected", false).emit();
+  }
+}
+
+std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va) {
+  Tables& t = tables();
+  const std::optional<Region> region = t.registry.find(va);
+  if (!region || region->base != va || region->kind != RegionKind::slot) return std::nullopt;
+  t.registry.erase(va);
+  auto* slot = static_cast<Slot*>(region->slot);
+  const uint64_t id = slot->id;
+  CUresult result = CUDA_SUCCESS;
+  try {
+    engine().destroy_slot(slot);
+  } catch (const Error& e) {
+    log().error("{} of {} failed: {}", call.symbol, hex(va), e.what());
+    result = CUDA_ERROR_UNKNOWN;
+  }
+  t.frees.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) {
+    record(trace::Event::free, call)
+        .hex("va", va)
+        .add("bytes", static_cast<uint64_t>(region->bytes))
+        .add("slot", id)
+        .add("ok", result == CUDA_SUCCESS)
+        .emit();
+  }
+  return result;
+}
+
+void freed(const Call& call, CUdeviceptr va, CUstream stream) {
+  if (va == 0) return;
+  Tables& t = tables();
+  const std::optional<Region> region = t.registry.erase(va);
+  t.frees.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) {
+    auto r = record(trace::Event::free, call);
+    r.hex("va", va);
+    if (region) r.add("bytes", static_cast<uint64_t>(region->bytes));
+    if (stream != nullptr) r.hex("stream", stream_id(stream_of(call, stream)));
+    r.emit();
+  }
+}
+
+void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target) {
+  stream = stream_of(call, stream);
+  LiveCapture live;
+  live.tag.thread = thread_id();
+  live.tag.stream = reinterpret_cast<uintptr_t>(stream);
+  live.mode = mode;
+  live.begin_ns = trace::now_ns();
+  if (const Driver* driver = load_driver(nullptr)) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    if (driver->cuStreamGetCaptureInfo(stream, &status, &id, nullptr, nullptr, nullptr, nullptr) ==
+        CUDA_SUCCESS) {
+      live.tag.sequence = id;
+    }
+  }
+  Tables& t = tables();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.captures[stream] = live;
+  }
+  tls_captures.push_back(stream);
+  t.captures_begun.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) {
+    auto r = record(trace::Event::capture_begin, call);
+    r.hex("stream", stream_id(stream))
+        .add("capture", live.tag.sequence)
+        .add("mode", mode_name(mode));
+    if (target != nullptr) r.hex("graph", reinterpret_cast<uintptr_t>(target));
+    r.emit();
+  }
+}
+
+void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result) {
+  stream = stream_of(call, stream);
+  Tables& t = tables();
+  std::optional<LiveCapture> ended;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.captures.find(stream);
+    if (it != t.captures.end()) {
+      ended = it->second;
+      t.captures.erase(it);
+    }
+    if (ended && result == CUDA_SUCCESS && graph != nullptr) {
+      t.graphs[graph] = {ended->tag.sequence, ended->allocations, ended->slots};
+    }
+  }
+  if (!trace::enabled()) return;
+  auto r = record(trace::Event::capture_end, call);
+  r.hex("stream", stream_id(stream)).add("ok", result == CUDA_SUCCESS);
+  if (graph != nullptr) r.hex("graph", reinterpret_cast<uintptr_t>(graph));
+  if (ended) {
+    r.add("capture", ended->tag.sequence)
+        .add("allocations", ended->allocations)
+        .add("bytes", ended->bytes)
+        .add("slots", ended->slots)
+        .add("dur_us", trace::us_since(ended->begin_ns));
+  }
+  r.emit();
+}
+
+void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now) {
+  if (!trace::enabled() || before == now) return;
+  record(trace::Event::capture_mode, call)
+      .add("from", mode_name(before))
+      .add("to", mode_name(now))
+      .emit();
+}
+
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
+  Tables& t = tables();
+  uint64_t capture = 0;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.execs[exec] = graph;
+    auto it = t.graphs.find(graph);
+    if (it != t.graphs.end()) capture = it->second.capture;
+  }
+  t.instantiations.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) {
+    record(trace::Event::graph_instantiate, call)
+        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+        .hex("graph", reinterpret_cast<uintptr_t>(graph))
+        .add("capture", capture)
+        .emit();
+  }
+}
+
+void launched(const Call& call, CUgraphExec exec, CUstream stream) {
+  Tables& t = tables();
+  t.launches.fetch_add(1, std::memory_order_relaxed);
+  if (!trace::enabled()) return;  // the launch path stays a counter unless someone is looking
+  CUgraph graph = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.execs.find(exec);
+    if (it != t.execs.end()) graph = it->second;
+  }
+  record(trace::Event::graph_launch, call)
+      .hex("exec", reinterpret_cast<uintptr_t>(exec))
+      .hex("graph", reinterpret_cast<uintptr_t>(graph))
+      .hex("stream", stream_id(stream_of(call, stream)))
+      .emit();
+}
+
+void exec_destroyed(const Call& call, CUgraphExec exec) {
+  Tables& t = tables();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.execs.erase(exec);
+  }
+  if (trace::enabled()) {
+    record(trace::Event::graph_destroy, call).hex("exec", reinterpret_cast<uintptr_t>(exec)).emit();
+  }
+}
+
+void graph_destroyed(const Call& call, CUgraph graph) {
+  Tables& t = tables();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.graphs.erase(graph);
+  }
+  if (trace::enabled()) {
+    record(trace::Event::graph_destroy, call)
+        .hex("graph", reinterpret_cast<uintptr_t>(graph))
+        .emit();
+  }
+}
+
+void memory_queried(const Call& call, size_t free_bytes, size_t total_bytes) {
+  if (!trace::enabled()) return;
+  record(trace::Event::mem_info, call)
+      .add("free", static_cast<uint64_t>(free_bytes))
+      .add("total", static_cast<uint64_t>(total_bytes))
+      .emit();
+}
+
+void device_resetting(const Call& call, std::optional<CUdevice> device) {
+  const int ordinal = device ? static_cast<int>(*device) : current_device();
+  Tables& t = tables();
+  uint64_t slots = 0, regions = 0;
+  for (const Region& region : t.registry.overlapping(0, UINTPTR_MAX)) {
+    if (region.device != ordinal) continue;
+    t.registry.erase(region.base);
+    ++regions;
+    if (region.kind != RegionKind::slot) continue;
+    try {
+      engine().destroy_slot(static_cast<Slot*>(region.slot));
+      ++slots;
+    } catch (const Error& e) {
+      log().error("{}: freeing {} before the reset failed: {}", call.symbol, hex(region.base),
+                  e.what());
+    }
+  }
+  {
+    // Graph and capture handles die with the context; forget them all (a reset is rare, and a
+    // forgotten handle of another device only loses its capture id in the trace).
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.captures.clear();
+    t.graphs.clear();
+    t.execs.clear();
+  }
+  if (trace::enabled()) {
+    record(trace::Event::device_reset, call)
+        .add("device", ordinal)
+        .add("regions", regions)
+        .add("slots", slots)
+        .emit();
+  }
+}
+
+std::optional<Region> find_region(uintptr_t address) { return tables().registry.find(address); }
+
+Counters counters() {
+  Tables& t = tables();
+  return {t.allocations.load(),    t.frees.load(),          t.slots.load(),
+          t.captures_begun.load(), t.instantiations.load(), t.launches.load()};
+}
+
+}  // namespace vaswap::intercept

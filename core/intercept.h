@@ -1,0 +1,91 @@
+// What the preload does with the calls its hooks see. interpose/ decodes each hooked entry point
+// (runtime or driver, legacy or per-thread stream) into these calls, with driver types only; the
+// decisions are made here.
+//
+// Allocation: an allocation the settings select becomes a slot (engine.h) at a fixed VA; every
+// other one goes to the real function. All of them enter the region registry with the capture
+// they were made in. Capture, instantiate, launch and destroy calls keep the capture and graph
+// tables right and go to the trace.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "registry.h"
+
+namespace vaswap::intercept {
+
+enum class Api : uint8_t { runtime, driver };
+
+// Who made a call: the hooked symbol, its level, whether a null stream means the per-thread
+// stream (the _ptsz/_ptds entry points), and the return address in the calling code.
+struct Call {
+  const char* symbol;
+  Api api;
+  bool per_thread;
+  const void* caller;
+};
+
+// True when the preload acts on calls. Decided once, from the environment (config/settings.h):
+// false with VASWAP_CONF mode=off, in secure-execution mode (AT_SECURE), or when VASWAP_CONF is
+// malformed. While false, every hook forwards at once and lookups are not rerouted.
+// Logs the environment's notices and opens the trace at the first call that returns true.
+bool on();
+// The same decision without side effects, for symbol lookups (which can run while other
+// libraries are still being initialized, too early to log).
+bool routing_on();
+
+// ---------------------------------------------------------------------------------------------
+// Allocation
+// ---------------------------------------------------------------------------------------------
+
+// Backs the allocation with a slot when the settings select it. Returns true and sets `va` when
+// it did; false means the caller makes the real allocation (and reports it with `allocated`).
+bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va);
+// A real allocation succeeded. `stream` is the stream of a stream-ordered allocation, or null.
+void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream);
+// Frees `va` if it is a slot (waiting for work in flight on the device, as cudaFree does) and
+// returns the result; returns nothing when `va` is not a slot and the real free must run.
+std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va);
+// A real free succeeded.
+void freed(const Call& call, CUdeviceptr va, CUstream stream);
+
+// ---------------------------------------------------------------------------------------------
+// Capture and graphs
+// ---------------------------------------------------------------------------------------------
+
+void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
+void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
+void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph);
+void launched(const Call& call, CUgraphExec exec, CUstream stream);
+void exec_destroyed(const Call& call, CUgraphExec exec);
+void graph_destroyed(const Call& call, CUgraph graph);
+
+// ---------------------------------------------------------------------------------------------
+// Device state
+// ---------------------------------------------------------------------------------------------
+
+// cudaMemGetInfo / cuMemGetInfo answered: the driver's own numbers, recorded as a sample.
+void memory_queried(const Call& call, size_t free_bytes, size_t total_bytes);
+// The current device (runtime) or `device` (driver) is about to be reset: its slots are freed
+// first, since the reset destroys the context that owns their pages.
+void device_resetting(const Call& call, std::optional<CUdevice> device);
+
+// ---------------------------------------------------------------------------------------------
+// Queries, for the C API and tests
+// ---------------------------------------------------------------------------------------------
+
+// The region that contains `address`, if the preload has seen its allocation.
+std::optional<Region> find_region(uintptr_t address);
+
+// Counts of what the hooks handled; each user call is counted once, at the level it entered.
+struct Counters {
+  uint64_t allocations = 0, frees = 0, slots = 0, captures = 0, instantiations = 0, launches = 0;
+};
+Counters counters();
+
+}  // namespace vaswap::intercept
