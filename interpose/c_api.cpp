@@ -8,6 +8,7 @@
 
 #include "engine.h"
 #include "errors.h"
+#include "intercept.h"
 #include "trace.h"
 #include "vaswap/vaswap.h"
 
@@ -95,6 +96,7 @@ VASWAP_API const char* vaswap_status_name(vaswap_status status) {
     case VASWAP_ERROR_CAPTURING: return "VASWAP_ERROR_CAPTURING";
     case VASWAP_ERROR_CUDA: return "VASWAP_ERROR_CUDA";
     case VASWAP_ERROR_NOT_READY: return "VASWAP_ERROR_NOT_READY";
+    case VASWAP_ERROR_NOT_FOUND: return "VASWAP_ERROR_NOT_FOUND";
     case VASWAP_ERROR_UNAVAILABLE: return "VASWAP_ERROR_UNAVAILABLE";
   }
   return "VASWAP_ERROR_UNKNOWN";
@@ -151,7 +153,14 @@ VASWAP_API vaswap_status vaswap_slot_create_strided(int device, int ndim, const 
 VASWAP_API vaswap_status vaswap_slot_destroy(vaswap_slot slot) {
   return guarded([&] {
     Engine& e = vaswap::engine();
-    e.destroy_slot(e.slot_of(slot));
+    vaswap::Slot* s = e.slot_of(slot);
+    if (s->intercepted) {
+      vaswap::fail(VASWAP_ERROR_INVALID_STATE,
+                   "vaswap_slot_destroy: " + s->describe() +
+                       " backs an allocation of the program (cudaMalloc/cuMemAlloc); the "
+                       "program's cudaFree/cuMemFree of that pointer frees it");
+    }
+    e.destroy_slot(s);
   });
 }
 
@@ -332,5 +341,28 @@ VASWAP_API vaswap_status vaswap_get_stats(vaswap_stats* stats) {
   return guarded([&] {
     require(stats, "vaswap_get_stats", "stats");
     *stats = vaswap::engine().stats();
+    const vaswap::intercept::Counters seen = vaswap::intercept::counters();
+    stats->allocations_seen = seen.allocations;
+    stats->frees_seen = seen.frees;
+    stats->slots_selected = seen.slots;
+    stats->captures_seen = seen.captures;
+    stats->instantiations_seen = seen.instantiations;
+    stats->graph_launches_seen = seen.launches;
+  });
+}
+
+VASWAP_API vaswap_status vaswap_slot_find(const void* address, vaswap_slot* slot) {
+  return guarded([&] {
+    require(slot, "vaswap_slot_find", "slot (the output)");
+    *slot = nullptr;
+    const auto region = vaswap::intercept::find_region(reinterpret_cast<uintptr_t>(address));
+    if (!region || region->kind != vaswap::RegionKind::slot) {
+      fail(VASWAP_ERROR_NOT_FOUND,
+           "vaswap_slot_find: no slot contains " +
+               vaswap::hex(reinterpret_cast<uintptr_t>(address)) +
+               (region ? " (the preload saw its allocation but did not select it)"
+                       : " (the preload has not seen an allocation there)"));
+    }
+    *slot = static_cast<vaswap_slot>(region->slot);
   });
 }

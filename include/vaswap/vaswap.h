@@ -32,7 +32,8 @@ typedef enum vaswap_status {
   VASWAP_ERROR_CAPTURING = 5,        /* the stream is being captured into a graph */
   VASWAP_ERROR_CUDA = 6,             /* a driver call failed: the message names call, code, slot */
   VASWAP_ERROR_NOT_READY = 7,        /* a try-call found the work not yet submitted */
-  VASWAP_ERROR_UNAVAILABLE = 8       /* the CUDA driver cannot be loaded or initialized */
+  VASWAP_ERROR_UNAVAILABLE = 8,      /* the CUDA driver cannot be loaded or initialized */
+  VASWAP_ERROR_NOT_FOUND = 9         /* no slot at that address */
 } vaswap_status;
 
 typedef struct vaswap_slot_s* vaswap_slot;   /* one fixed-address region */
@@ -65,6 +66,12 @@ vaswap_status vaswap_slot_create_strided(int device, int ndim, const int64_t* sh
  * does), unmaps and releases its pages and frees the address. A remap that still references the
  * slot loses it (its other slots are unaffected). */
 vaswap_status vaswap_slot_destroy(vaswap_slot slot);
+
+/* The slot that backs `address` (its first byte or any byte inside) when the preload backed the
+ * program's allocation with one (DESIGN.md section 4; docs/INTERPOSITION.md). Such a slot can be
+ * released and remapped like any other; the program's cudaFree/cuMemFree destroys it, and
+ * vaswap_slot_destroy refuses to. VASWAP_ERROR_NOT_FOUND when no slot contains the address. */
+vaswap_status vaswap_slot_find(const void* address, vaswap_slot* slot);
 
 typedef struct vaswap_slot_info {
   uint64_t id;         /* unique in the process, as in the trace */
@@ -185,6 +192,13 @@ typedef struct vaswap_stats {
   uint64_t errors;            /* driver calls that failed */
   uint64_t host_bytes_pinned; /* pinned bytes held by the pool (in use and cached) */
   uint64_t host_bytes_in_use;
+  /* What the preload's hooks handled, each user call once (all zero without LD_PRELOAD). */
+  uint64_t allocations_seen; /* cudaMalloc, cuMemAlloc and the stream-ordered families */
+  uint64_t frees_seen;
+  uint64_t slots_selected; /* allocations backed by a slot */
+  uint64_t captures_seen;  /* stream captures begun */
+  uint64_t instantiations_seen;
+  uint64_t graph_launches_seen;
 } vaswap_stats;
 
 vaswap_status vaswap_get_stats(vaswap_stats* stats);

@@ -1,0 +1,526 @@
+// The CUDA entry points of libvaswap.so, defined from interpose/hooks.def.
+//
+// A hook finds the real function, decodes its arguments into driver types, and hands the call to
+// core/intercept.h; it decides nothing. Runtime hooks find the real function with dlsym(RTLD_NEXT)
+// (falling back to the loaded libcudart); driver hooks ask the driver's own cuGetProcAddress for
+// the ABI revision they implement. A per-thread depth counter makes a user call that passes
+// through cudart and then the driver count once, at the level it entered.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+
+#include "driver.h"
+#include "hooks.h"
+#include "intercept.h"
+#include "log.h"
+#include "symbols.h"
+
+// Deprecated entry points (cudaGetDriverEntryPoint) are still called by programs built against
+// older toolkits, so they are hooked all the same.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+// cuda.h maps this name to its newest ABI revision; hooks.def names both revisions exactly.
+#undef cuGetProcAddress
+
+#define VASWAP_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace vaswap::hooks {
+
+using intercept::Api;
+using intercept::Call;
+
+// =============================================================================================
+// The table
+// =============================================================================================
+
+enum Index : int {
+#define VASWAP_RUNTIME_HOOK(kind, symbol, stream, params, args) k_##symbol,
+#define VASWAP_DRIVER_HOOK(kind, base, symbol, version, stream, params, args) k_##symbol,
+#include "hooks.def"
+#undef VASWAP_RUNTIME_HOOK
+#undef VASWAP_DRIVER_HOOK
+  kCount
+};
+
+namespace {
+
+constexpr bool legacy = false;
+constexpr bool per_thread = true;
+
+// Constant-initialized: lookups may arrive before any constructor of this library has run.
+constexpr Entry kEntries[] = {
+#define VASWAP_RUNTIME_HOOK(kind, symbol, stream, params, args) \
+  {#symbol, #symbol, 0, stream, Api::runtime},
+#define VASWAP_DRIVER_HOOK(kind, base, symbol, version, stream, params, args) \
+  {#symbol, #base, version, stream, Api::driver},
+#include "hooks.def"
+#undef VASWAP_RUNTIME_HOOK
+#undef VASWAP_DRIVER_HOOK
+};
+static_assert(sizeof kEntries / sizeof kEntries[0] == kCount, "one entry per hook");
+
+std::atomic<void*> g_real[kCount];         // the real functions, found on first need
+std::atomic<bool> g_missing_said[kCount];  // a missing real function is reported once
+
+// A null answer is not cached: a libcudart loaded later can still provide the function.
+void* find_runtime_real(int index) {
+  const char* name = kEntries[index].symbol;
+  void* self = wrapper(index);
+  void* fn = real_dlsym(RTLD_NEXT, name);
+  if (fn != nullptr && fn != self) return fn;
+  // RTLD_NEXT misses a libcudart that was loaded RTLD_LOCAL (as Python loads extension modules
+  // and their dependencies); ask the copy that is loaded.
+  for (const char* soname : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+    void* library = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+    if (library == nullptr) continue;
+    fn = real_dlsym(library, name);
+    dlclose(library);
+    if (fn != nullptr && fn != self) return fn;
+  }
+  return nullptr;
+}
+
+void* find_driver_real(int index) {
+  const Entry& e = kEntries[index];
+  GetProcAddress get_proc_address = driver_get_proc_address();
+  if (get_proc_address == nullptr) return nullptr;
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const cuuint64_t flags = e.per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                        : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+  if (get_proc_address(e.base, &fn, e.version, flags, &status) != CUDA_SUCCESS) return nullptr;
+  if (fn != wrapper(index)) return fn;
+  // A driver that takes its own functions' addresses through the global scope answers with the
+  // preloaded definition, vaswap's own: ask the library itself for its definition instead.
+  Dl_info driver{};
+  if (dladdr(reinterpret_cast<void*>(get_proc_address), &driver) == 0) return nullptr;
+  void* library = dlopen(driver.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (library == nullptr) return nullptr;
+  fn = real_dlsym(library, e.symbol);
+  dlclose(library);
+  return fn != wrapper(index) ? fn : nullptr;
+}
+
+}  // namespace
+
+int count() { return kCount; }
+const Entry& entry(int index) { return kEntries[index]; }
+
+void* real(int index) {
+  void* fn = g_real[index].load(std::memory_order_acquire);
+  if (fn != nullptr) return fn;
+  fn = kEntries[index].api == Api::runtime ? find_runtime_real(index) : find_driver_real(index);
+  if (fn != nullptr) g_real[index].store(fn, std::memory_order_release);
+  return fn;
+}
+
+int find(const char* symbol) {
+  for (int i = 0; i < kCount; ++i) {
+    if (std::strcmp(kEntries[i].symbol, symbol) == 0) return i;
+  }
+  return -1;
+}
+
+namespace {
+
+// What a hook returns when the function it stands in for does not exist in this process.
+template <class R>
+R missing(int index) {
+  if (!g_missing_said[index].exchange(true)) {
+    log().error("{} was called, but vaswap cannot find the real {} ({}); the call fails",
+                kEntries[index].symbol, kEntries[index].symbol,
+                kEntries[index].api == Api::runtime
+                    ? "no libcudart in this process defines it"
+                    : "the CUDA driver does not provide this revision");
+  }
+  if constexpr (std::is_same_v<R, cudaError_t>) {
+    return cudaErrorSharedObjectSymbolNotFound;
+  } else {
+    return CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND;
+  }
+}
+
+// =============================================================================================
+// How each kind of call is handled
+// =============================================================================================
+
+// The depth of hooked calls on this thread. initial-exec: one TLS load, no __tls_get_addr; the
+// single int fits the static TLS surplus that a dlopen'ed libvaswap.so (Python binding) gets.
+__attribute__((tls_model("initial-exec"))) thread_local int tls_depth = 0;
+
+struct Scope {
+  Scope() { ++tls_depth; }
+  ~Scope() { --tls_depth; }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+// True when this call is the user's: the preload is on and no hook is already running on this
+// thread (cudart calling the driver from inside a runtime hook, vaswap's own driver calls).
+inline bool handle() { return tls_depth == 0 && intercept::on(); }
+
+inline CUdeviceptr to_va(void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+inline CUdeviceptr to_va(CUdeviceptr p) { return p; }
+template <class P>
+P from_va(CUdeviceptr va) {
+  if constexpr (std::is_pointer_v<P>) {
+    return reinterpret_cast<P>(va);
+  } else {
+    return static_cast<P>(va);
+  }
+}
+
+template <class R>
+R to_status(CUresult rc) {
+  if constexpr (std::is_same_v<R, cudaError_t>) {
+    switch (rc) {
+      case CUDA_SUCCESS: return cudaSuccess;
+      case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+      case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+      default: return cudaErrorUnknown;
+    }
+  } else {
+    return rc;
+  }
+}
+
+template <class Fn>
+struct Allocate;
+template <class R, class P>
+struct Allocate<R (*)(P*, size_t)> {
+  R (*real)(P*, size_t);
+  Call call;
+  R operator()(P* ptr, size_t bytes) const {
+    if (!handle()) return real(ptr, bytes);
+    Scope scope;
+    CUdeviceptr va = 0;
+    if (ptr != nullptr && intercept::try_slot(call, bytes, &va)) {
+      *ptr = from_va<P>(va);
+      return R{};
+    }
+    const R rc = real(ptr, bytes);
+    if (rc == R{} && ptr != nullptr) intercept::allocated(call, to_va(*ptr), bytes, nullptr);
+    return rc;
+  }
+};
+
+// Stream-ordered allocations are tracked, never slots: their pool owns the memory. A null stream
+// is recorded as CU_STREAM_LEGACY, so "stream-ordered" survives in the registry.
+template <class R, class P>
+R allocate_async(R (*real_fn)(P*, size_t, CUstream), const Call& call, P* ptr, size_t bytes,
+                 CUstream stream) {
+  if (!handle()) return real_fn(ptr, bytes, stream);
+  Scope scope;
+  const R rc = real_fn(ptr, bytes, stream);
+  if (rc == R{} && ptr != nullptr) {
+    intercept::allocated(call, to_va(*ptr), bytes, stream != nullptr ? stream : CU_STREAM_LEGACY);
+  }
+  return rc;
+}
+
+template <class Fn>
+struct AllocateAsync;
+template <class R, class P>
+struct AllocateAsync<R (*)(P*, size_t, CUstream)> {
+  R (*real)(P*, size_t, CUstream);
+  Call call;
+  R operator()(P* ptr, size_t bytes, CUstream stream) const {
+    return allocate_async(real, call, ptr, bytes, stream);
+  }
+};
+template <class R, class P, class Pool>
+struct AllocateAsync<R (*)(P*, size_t, Pool, CUstream)> {
+  R (*real)(P*, size_t, Pool, CUstream);
+  Call call;
+  R operator()(P* ptr, size_t bytes, Pool pool, CUstream stream) const {
+    if (!handle()) return real(ptr, bytes, pool, stream);
+    Scope scope;
+    const R rc = real(ptr, bytes, pool, stream);
+    if (rc == R{} && ptr != nullptr) {
+      intercept::allocated(call, to_va(*ptr), bytes, stream != nullptr ? stream : CU_STREAM_LEGACY);
+    }
+    return rc;
+  }
+};
+
+template <class Fn>
+struct Free;
+template <class R, class P>
+struct Free<R (*)(P)> {
+  R (*real)(P);
+  Call call;
+  R operator()(P ptr) const {
+    if (!handle()) return real(ptr);
+    Scope scope;
+    if (auto rc = intercept::free_slot(call, to_va(ptr))) return to_status<R>(*rc);
+    const R rc = real(ptr);
+    if (rc == R{}) intercept::freed(call, to_va(ptr), nullptr);
+    return rc;
+  }
+};
+
+template <class Fn>
+struct FreeAsync;
+template <class R, class P>
+struct FreeAsync<R (*)(P, CUstream)> {
+  R (*real)(P, CUstream);
+  Call call;
+  R operator()(P ptr, CUstream stream) const {
+    if (!handle()) return real(ptr, stream);
+    Scope scope;
+    if (auto rc = intercept::free_slot(call, to_va(ptr))) return to_status<R>(*rc);
+    const R rc = real(ptr, stream);
+    if (rc == R{})
+      intercept::freed(call, to_va(ptr), stream != nullptr ? stream : CU_STREAM_LEGACY);
+    return rc;
+  }
+};
+
+template <class Fn>
+struct BeginCapture;
+template <class R, class M>
+struct BeginCapture<R (*)(CUstream, M)> {
+  R (*real)(CUstream, M);
+  Call call;
+  R operator()(CUstream stream, M mode) const {
+    if (!handle()) return real(stream, mode);
+    Scope scope;
+    const R rc = real(stream, mode);
+    if (rc == R{}) {
+      intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), nullptr);
+    }
+    return rc;
+  }
+};
+
+template <class Fn>
+struct BeginCaptureToGraph;
+template <class R, class D, class E, class M>
+struct BeginCaptureToGraph<R (*)(CUstream, CUgraph, D, E, size_t, M)> {
+  R (*real)(CUstream, CUgraph, D, E, size_t, M);
+  Call call;
+  R operator()(CUstream stream, CUgraph graph, D dependencies, E edges, size_t count,
+               M mode) const {
+    if (!handle()) return real(stream, graph, dependencies, edges, count, mode);
+    Scope scope;
+    const R rc = real(stream, graph, dependencies, edges, count, mode);
+    if (rc == R{}) {
+      intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), graph);
+    }
+    return rc;
+  }
+};
+
+template <class Fn>
+struct EndCapture;
+template <class R>
+struct EndCapture<R (*)(CUstream, CUgraph*)> {
+  R (*real)(CUstream, CUgraph*);
+  Call call;
+  R operator()(CUstream stream, CUgraph* graph) const {
+    if (!handle()) return real(stream, graph);
+    Scope scope;
+    const R rc = real(stream, graph);
+    intercept::capture_ended(call, stream, rc == R{} && graph != nullptr ? *graph : nullptr,
+                             rc == R{} ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
+    return rc;
+  }
+};
+
+template <class Fn>
+struct ExchangeMode;
+template <class R, class M>
+struct ExchangeMode<R (*)(M*)> {
+  R (*real)(M*);
+  Call call;
+  R operator()(M* mode) const {
+    if (!handle() || mode == nullptr) return real(mode);
+    Scope scope;
+    const M wanted = *mode;
+    const R rc = real(mode);  // sets `wanted`, answers with the mode it replaced
+    if (rc == R{}) {
+      intercept::capture_mode_exchanged(call, static_cast<CUstreamCaptureMode>(*mode),
+                                        static_cast<CUstreamCaptureMode>(wanted));
+    }
+    return rc;
+  }
+};
+
+template <class Fn>
+struct Instantiate;
+template <class R, class Rest>
+struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
+  R (*real)(CUgraphExec*, CUgraph, Rest);
+  Call call;
+  R operator()(CUgraphExec* exec, CUgraph graph, Rest rest) const {
+    if (!handle()) return real(exec, graph, rest);
+    Scope scope;
+    const R rc = real(exec, graph, rest);
+    if (rc == R{} && exec != nullptr) intercept::instantiated(call, *exec, graph);
+    return rc;
+  }
+};
+
+template <class Fn>
+struct Launch;
+template <class R>
+struct Launch<R (*)(CUgraphExec, CUstream)> {
+  R (*real)(CUgraphExec, CUstream);
+  Call call;
+  R operator()(CUgraphExec exec, CUstream stream) const {
+    if (!handle()) return real(exec, stream);
+    Scope scope;
+    intercept::launched(call, exec, stream);
+    return real(exec, stream);
+  }
+};
+
+// The handle is forgotten before the real destroy: once destroyed, the driver may hand the same
+// value to another thread's new graph.
+template <class Fn>
+struct Destroy;
+template <class R, class H>
+struct Destroy<R (*)(H)> {
+  R (*real)(H);
+  Call call;
+  R operator()(H handle_value) const {
+    if (!handle()) return real(handle_value);
+    Scope scope;
+    if constexpr (std::is_same_v<H, CUgraphExec>) {
+      intercept::exec_destroyed(call, handle_value);
+    } else {
+      intercept::graph_destroyed(call, handle_value);
+    }
+    return real(handle_value);
+  }
+};
+
+template <class Fn>
+struct MemInfo;
+template <class R>
+struct MemInfo<R (*)(size_t*, size_t*)> {
+  R (*real)(size_t*, size_t*);
+  Call call;
+  R operator()(size_t* free_bytes, size_t* total_bytes) const {
+    if (!handle()) return real(free_bytes, total_bytes);
+    Scope scope;
+    const R rc = real(free_bytes, total_bytes);
+    if (rc == R{} && free_bytes != nullptr && total_bytes != nullptr) {
+      intercept::memory_queried(call, *free_bytes, *total_bytes);
+    }
+    return rc;
+  }
+};
+
+template <class Fn>
+struct Reset;
+template <class R, class... Device>
+struct Reset<R (*)(Device...)> {
+  R (*real)(Device...);
+  Call call;
+  R operator()(Device... device) const {
+    if (!handle()) return real(device...);
+    Scope scope;
+    std::optional<CUdevice> which;
+    ((which = static_cast<CUdevice>(device)), ...);
+    intercept::device_resetting(call, which);
+    return real(device...);
+  }
+};
+
+// Lookups of driver functions: the real answer, with the functions vaswap hooks swapped for its
+// own. Not gated by the depth counter: cudaGetDriverEntryPoint reaches the driver's
+// cuGetProcAddress from inside a hook, and swapping an answer twice changes nothing.
+template <class Fn>
+struct Route;
+template <class R, class... Rest>
+struct Route<R (*)(const char*, void**, Rest...)> {
+  R (*real)(const char*, void**, Rest...);
+  Call call;
+  R operator()(const char* symbol, void** fn, Rest... rest) const {
+    const R rc = real(symbol, fn, rest...);
+    if (rc == R{} && fn != nullptr) *fn = route_proc_address(*fn);
+    return rc;
+  }
+};
+
+}  // namespace
+
+// =============================================================================================
+// Routing
+// =============================================================================================
+
+void* route_proc_address(void* fn) {
+  if (fn == nullptr || !intercept::routing_on()) return fn;
+  // By identity, not by name: the driver answers several names and versions with one function
+  // (cuGraphInstantiate at 12000 is cuGraphInstantiateWithFlags), and an older or newer ABI
+  // revision under a hooked name is another function, which must not be swapped.
+  for (int i = 0; i < kCount; ++i) {
+    if (kEntries[i].api == Api::driver && real(i) == fn) return wrapper(i);
+  }
+  return fn;
+}
+
+void* route_export(int index, void* fn) {
+  if (fn == nullptr || fn == wrapper(index)) return fn;
+  if (fn == real(index)) return wrapper(index);
+  if (kEntries[index].api == Api::runtime) return fn;  // another libcudart: not ours to swap
+  // libcuda's exported symbol can be a different address from what cuGetProcAddress answers
+  // for the same revision; the exported name fixes the revision, so the object decides.
+  Dl_info theirs{}, driver{};
+  auto get_proc_address = reinterpret_cast<void*>(driver_get_proc_address());
+  if (get_proc_address != nullptr && dladdr(fn, &theirs) != 0 &&
+      dladdr(get_proc_address, &driver) != 0 && theirs.dli_fbase == driver.dli_fbase) {
+    return wrapper(index);
+  }
+  return fn;
+}
+
+}  // namespace vaswap::hooks
+
+// =============================================================================================
+// The exported functions
+// =============================================================================================
+
+#define VASWAP_DEFINE_HOOK(kind, symbol, ret, api, stream, params, args) \
+  VASWAP_EXPORT ret symbol params {                                      \
+    using Fn = ret(*) params;                                            \
+    using namespace vaswap::hooks;                                       \
+    const auto real_fn = reinterpret_cast<Fn>(real(k_##symbol));         \
+    if (real_fn == nullptr) return missing<ret>(k_##symbol);             \
+    return kind<Fn> {                                                    \
+      real_fn, { #symbol, api, stream, __builtin_return_address(0) }     \
+    }                                                                    \
+    args;                                                                \
+  }
+#define VASWAP_RUNTIME_HOOK(kind, symbol, stream, params, args) \
+  VASWAP_DEFINE_HOOK(kind, symbol, cudaError_t, Api::runtime, stream, params, args)
+#define VASWAP_DRIVER_HOOK(kind, base, symbol, version, stream, params, args) \
+  VASWAP_DEFINE_HOOK(kind, symbol, CUresult, Api::driver, stream, params, args)
+#include "hooks.def"
+#undef VASWAP_RUNTIME_HOOK
+#undef VASWAP_DRIVER_HOOK
+
+namespace vaswap::hooks {
+
+void* wrapper(int index) {
+  switch (index) {
+#define VASWAP_RUNTIME_HOOK(kind, symbol, stream, params, args) \
+  case k_##symbol:                                              \
+    return reinterpret_cast<void*>(&::symbol);
+#define VASWAP_DRIVER_HOOK(kind, base, symbol, version, stream, params, args) \
+  case k_##symbol:                                                            \
+    return reinterpret_cast<void*>(&::symbol);
+#include "hooks.def"
+#undef VASWAP_RUNTIME_HOOK
+#undef VASWAP_DRIVER_HOOK
+    default: return nullptr;
+  }
+}
+
+}  // namespace vaswap::hooks
