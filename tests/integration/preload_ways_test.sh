@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The preload over three kinds of program (tests/integration/probe.cpp): linked against libcudart,
+# reaching the driver through cuGetProcAddress, and dlopen()ing libcuda. For each:
+#   - stdout (what the program computed, and the calls it made) is identical with and without
+#     vaswap, and with vaswap off;
+#   - every call is intercepted exactly once: vaswap's counters equal the program's own counts,
+#     and the trace has one event per call, all at the level the program called;
+#   - the allocation made during the capture is a slot that keeps its address through a release
+#     and remap done by the core, with its bytes intact; the other one is passed through.
+set -euo pipefail
+build=$1
+src=$2
+export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+run() { "$src/scripts/vaswap" run --library "$build/lib/libvaswap.so" "$@"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for way in runtime procaddr dlopen; do
+  probe=$build/bin/probe_$way
+  case $way in runtime) api=runtime ;; *) api=driver ;; esac
+
+  plain=$("$probe")
+  VASWAP_CONF="selection.min_bytes=4MiB" run --trace "$tmp/$way.jsonl" -- "$probe" \
+    >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
+  if [[ "$plain" != "$(cat "$tmp/out")" ]]; then
+    echo "FAIL $way: output differs under vaswap"; diff <(echo "$plain") "$tmp/out"; exit 1
+  fi
+  grep -q "released and remapped; 8388608 bytes identical" "$tmp/err" ||
+    { echo "FAIL $way: no slot round trip"; cat "$tmp/err"; exit 1; }
+
+  # The program's own counts against vaswap's.
+  calls=$(sed -n 's/^calls //p' "$tmp/out")
+  seen=$(sed -n 's/^seen //p' "$tmp/err")
+  [[ "$seen" == "$calls slots=1" ]] ||
+    { echo "FAIL $way: program made [$calls], vaswap counted [$seen]"; exit 1; }
+
+  # The trace: one event per call, at the program's level, nothing counted twice.
+  python3 - "$tmp/$way.jsonl" "$api" "$way" <<'PY'
+import collections, json, sys
+path, api, way = sys.argv[1:]
+events = [json.loads(line) for line in open(path)]
+hooked = [e for e in events if "call" in e]
+levels = collections.Counter(e["api"] for e in hooked)
+assert set(levels) == {api}, f"{way}: events at levels {dict(levels)}, expected only {api}"
+count = collections.Counter(e["ev"] for e in hooked)
+want = {"alloc": 2, "free": 2, "capture_begin": 1, "capture_end": 1, "graph_instantiate": 1,
+        "graph_launch": 2}
+for ev, n in want.items():
+    assert count[ev] == n, f"{way}: {count[ev]} {ev} events, expected {n}: {dict(count)}"
+allocs = [e for e in hooked if e["ev"] == "alloc"]
+selected = [e for e in allocs if e["selected"]]
+assert len(selected) == 1 and selected[0]["bytes"] == 8 << 20, f"{way}: selected {selected}"
+assert "capture" in selected[0] and selected[0]["capture"] > 0, f"{way}: no capture id {selected[0]}"
+begin = next(e for e in hooked if e["ev"] == "capture_begin")
+assert selected[0]["capture"] == begin["capture"], f"{way}: the slot's capture is not the capture"
+other = [e for e in allocs if not e["selected"]]
+assert other[0]["bytes"] == 1 << 20 and "capture" not in other[0], f"{way}: {other}"
+end = next(e for e in hooked if e["ev"] == "capture_end")
+assert end["slots"] == 1 and end["allocations"] == 1, f"{way}: capture_end {end}"
+inst = next(e for e in hooked if e["ev"] == "graph_instantiate")
+assert inst["capture"] == begin["capture"] and inst["graph"] == end["graph"], f"{way}: {inst}"
+assert all(e["exec"] == inst["exec"] for e in hooked if e["ev"] == "graph_launch")
+slot_events = collections.Counter(e["ev"] for e in events if "call" not in e)
+for ev in ("slot_create", "release", "remap", "slot_destroy"):
+    assert slot_events[ev] == 1, f"{way}: {slot_events[ev]} {ev} events"
+print(f"ok   {way}: {len(hooked)} hooked calls traced once each at the {api} level")
+PY
+
+  # Off: the same output, nothing selected, nothing counted.
+  VASWAP_CONF="mode=off" run -- "$probe" >"$tmp/out" 2>"$tmp/err"
+  [[ "$plain" == "$(cat "$tmp/out")" ]] || { echo "FAIL $way: output differs with mode=off"; exit 1; }
+  grep -q "no slot behind B" "$tmp/err" || { echo "FAIL $way: a slot with mode=off"; exit 1; }
+  grep -q "seen allocations=0 frees=0 captures=0 instantiations=0 launches=0 slots=0" "$tmp/err" ||
+    { echo "FAIL $way: mode=off still counted calls"; cat "$tmp/err"; exit 1; }
+  echo "ok   $way: identical with vaswap off, and nothing seen"
+done

@@ -1,0 +1,366 @@
+// The interposition probe: one scenario, reached through one of three ways a program can get at
+// CUDA, chosen at build time (PROBE_WAY):
+//
+//   1 runtime   linked against libcudart (dynamic): cudaMalloc, cudaStreamBeginCapture, ...
+//   2 procaddr  linked against libcuda; every other driver function through cuGetProcAddress
+//   3 dlopen    links no CUDA library: dlopen("libcuda.so.1") and dlsym of each ABI name
+//
+// The scenario: a buffer A allocated outside any capture, a buffer B allocated while the stream
+// captures (as PyTorch's graph pool does), a graph that fills B and copies A into it, two
+// launches, and the frees. stdout carries only what the program computed (checksums of B) and the
+// calls it made, so it is identical with and without vaswap. When libvaswap.so is preloaded, the
+// probe also asks vaswap for the slot behind B, offloads and restores it between the launches
+// (the address must not change, the bytes must come back), and writes what vaswap counted to
+// stderr, for tests/integration/preload_ways_test.sh to compare with the calls.
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if PROBE_WAY == 1
+#include <cuda_runtime_api.h>
+#endif
+
+#include "vaswap/vaswap.h"
+
+namespace {
+
+constexpr size_t kA = 1u << 20;  // not captured
+constexpr size_t kB = 8u << 20;  // captured: a slot when selection.min_bytes <= 8 MiB
+
+[[noreturn]] void die(const char* what, int rc) {
+  std::fprintf(stderr, "probe: %s failed with %d\n", what, rc);
+  std::exit(1);
+}
+#define CHECK(call)                \
+  do {                             \
+    const int rc_ = (int)(call);   \
+    if (rc_ != 0) die(#call, rc_); \
+  } while (0)
+
+uint64_t fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The three ways in, behind one small interface
+// ------------------------------------------------------------------------------------------------
+
+struct Cuda {
+  virtual ~Cuda() = default;
+  virtual void init() = 0;
+  virtual void* stream() = 0;
+  virtual uintptr_t alloc(size_t bytes) = 0;
+  virtual void free(uintptr_t p) = 0;
+  virtual void begin_capture(void* stream) = 0;
+  virtual void relaxed(bool on) = 0;  // the thread's capture mode, around a captured allocation
+  virtual void* end_capture(void* stream) = 0;
+  virtual void* instantiate(void* graph) = 0;
+  virtual void launch(void* exec, void* stream) = 0;
+  virtual void destroy(void* exec, void* graph) = 0;
+  virtual void memset32(uintptr_t p, uint32_t value, size_t words, void* stream) = 0;
+  virtual void copy(uintptr_t dst, uintptr_t src, size_t bytes, void* stream) = 0;
+  virtual void sync(void* stream) = 0;
+  virtual void read(void* host, uintptr_t src, size_t bytes) = 0;
+};
+
+#if PROBE_WAY == 1
+const char* const kWay = "runtime";
+struct Way : Cuda {
+  void init() override { CHECK(cudaSetDevice(0)); }
+  void* stream() override {
+    cudaStream_t s = nullptr;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+  uintptr_t alloc(size_t bytes) override {
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, bytes));
+    return reinterpret_cast<uintptr_t>(p);
+  }
+  void free(uintptr_t p) override { CHECK(cudaFree(reinterpret_cast<void*>(p))); }
+  void begin_capture(void* s) override {
+    CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeGlobal));
+  }
+  void relaxed(bool on) override {
+    cudaStreamCaptureMode mode = on ? cudaStreamCaptureModeRelaxed : cudaStreamCaptureModeGlobal;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  }
+  void* end_capture(void* s) override {
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(s), &g));
+    return g;
+  }
+  void* instantiate(void* g) override {
+    cudaGraphExec_t e = nullptr;
+    CHECK(cudaGraphInstantiate(&e, static_cast<cudaGraph_t>(g), 0));
+    return e;
+  }
+  void launch(void* e, void* s) override {
+    CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(e), static_cast<cudaStream_t>(s)));
+  }
+  void destroy(void* e, void* g) override {
+    CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e)));
+    CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(g)));
+  }
+  void memset32(uintptr_t p, uint32_t v, size_t words, void* s) override {
+    // cudaMemsetAsync sets bytes: use a byte pattern the words then carry
+    CHECK(cudaMemsetAsync(reinterpret_cast<void*>(p), static_cast<int>(v & 0xff), words * 4,
+                          static_cast<cudaStream_t>(s)));
+  }
+  void copy(uintptr_t d, uintptr_t src, size_t n, void* s) override {
+    CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(d), reinterpret_cast<void*>(src), n,
+                          cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
+  }
+  void sync(void* s) override { CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+  void read(void* h, uintptr_t src, size_t n) override {
+    CHECK(cudaMemcpy(h, reinterpret_cast<void*>(src), n, cudaMemcpyDeviceToHost));
+  }
+};
+#else
+// The driver table: each function by its exported ABI name (dlopen way) or by its base name and
+// CUDA version (cuGetProcAddress way).
+#define PROBE_DRIVER(X)                                                            \
+  X(cuInit, "cuInit", 2000)                                                        \
+  X(cuDeviceGet, "cuDeviceGet", 2000)                                              \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000)                    \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000)                                      \
+  X(cuStreamCreate, "cuStreamCreate", 2000)                                        \
+  X(cuMemAlloc, "cuMemAlloc_v2", 3020)                                             \
+  X(cuMemFree, "cuMemFree_v2", 3020)                                               \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", 10010)                        \
+  X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010) \
+  X(cuStreamEndCapture, "cuStreamEndCapture", 10000)                               \
+  X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", 12000)                      \
+  X(cuGraphLaunch, "cuGraphLaunch", 10000)                                         \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000)                               \
+  X(cuGraphDestroy, "cuGraphDestroy", 10000)                                       \
+  X(cuMemsetD32Async, "cuMemsetD32Async", 3020)                                    \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 3020)                               \
+  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", 3020)                                         \
+  X(cuStreamSynchronize, "cuStreamSynchronize", 2000)
+
+struct Driver {
+#define PROBE_MEMBER(name, abi, version) decltype(&::name) name = nullptr;
+  PROBE_DRIVER(PROBE_MEMBER)
+#undef PROBE_MEMBER
+};
+
+#if PROBE_WAY == 2
+const char* const kWay = "procaddr";
+void load(Driver* d) {
+  // cuGetProcAddress itself comes from the link (libcuda.so.1); everything else through it.
+#define PROBE_LOAD(name, abi, version)                                                  \
+  {                                                                                     \
+    void* fn = nullptr;                                                                 \
+    CUdriverProcAddressQueryResult status{};                                            \
+    CHECK(cuGetProcAddress(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status)); \
+    d->name = reinterpret_cast<decltype(d->name)>(fn);                                  \
+  }
+  PROBE_DRIVER(PROBE_LOAD)
+#undef PROBE_LOAD
+}
+#else
+const char* const kWay = "dlopen";
+void load(Driver* d) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) die(dlerror(), 0);
+#define PROBE_LOAD(name, abi, version)                            \
+  d->name = reinterpret_cast<decltype(d->name)>(dlsym(lib, abi)); \
+  if (d->name == nullptr) die("dlsym " abi, 0);
+  PROBE_DRIVER(PROBE_LOAD)
+#undef PROBE_LOAD
+}
+#endif
+
+struct Way : Cuda {
+  Driver d;
+  void init() override {
+    load(&d);
+    CHECK(d.cuInit(0));
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    CHECK(d.cuDeviceGet(&dev, 0));
+    CHECK(d.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(d.cuCtxSetCurrent(ctx));
+  }
+  void* stream() override {
+    CUstream s = nullptr;
+    CHECK(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    return s;
+  }
+  uintptr_t alloc(size_t bytes) override {
+    CUdeviceptr p = 0;
+    CHECK(d.cuMemAlloc(&p, bytes));
+    return p;
+  }
+  void free(uintptr_t p) override { CHECK(d.cuMemFree(p)); }
+  void begin_capture(void* s) override {
+    CHECK(d.cuStreamBeginCapture(static_cast<CUstream>(s), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  }
+  void relaxed(bool on) override {
+    CUstreamCaptureMode mode = on ? CU_STREAM_CAPTURE_MODE_RELAXED : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CHECK(d.cuThreadExchangeStreamCaptureMode(&mode));
+  }
+  void* end_capture(void* s) override {
+    CUgraph g = nullptr;
+    CHECK(d.cuStreamEndCapture(static_cast<CUstream>(s), &g));
+    return g;
+  }
+  void* instantiate(void* g) override {
+    CUgraphExec e = nullptr;
+    CHECK(d.cuGraphInstantiate(&e, static_cast<CUgraph>(g), 0));
+    return e;
+  }
+  void launch(void* e, void* s) override {
+    CHECK(d.cuGraphLaunch(static_cast<CUgraphExec>(e), static_cast<CUstream>(s)));
+  }
+  void destroy(void* e, void* g) override {
+    CHECK(d.cuGraphExecDestroy(static_cast<CUgraphExec>(e)));
+    CHECK(d.cuGraphDestroy(static_cast<CUgraph>(g)));
+  }
+  void memset32(uintptr_t p, uint32_t v, size_t words, void* s) override {
+    CHECK(d.cuMemsetD32Async(p, v, words, static_cast<CUstream>(s)));
+  }
+  void copy(uintptr_t dst, uintptr_t src, size_t n, void* s) override {
+    CHECK(d.cuMemcpyDtoDAsync(dst, src, n, static_cast<CUstream>(s)));
+  }
+  void sync(void* s) override { CHECK(d.cuStreamSynchronize(static_cast<CUstream>(s))); }
+  void read(void* h, uintptr_t src, size_t n) override { CHECK(d.cuMemcpyDtoH(h, src, n)); }
+};
+#endif
+
+// ------------------------------------------------------------------------------------------------
+// vaswap, when it is preloaded
+// ------------------------------------------------------------------------------------------------
+
+struct Vaswap {
+#define PROBE_VASWAP(X)                                                                    \
+  X(vaswap_slot_find)                                                                      \
+  X(vaswap_slot_get_info) X(vaswap_host_alloc) X(vaswap_host_free) X(vaswap_offload_after) \
+      X(vaswap_remap_and_copy_after) X(vaswap_remap_wait_on_stream) X(vaswap_remap_adopt)  \
+          X(vaswap_remap_destroy) X(vaswap_get_stats) X(vaswap_last_error)
+#define PROBE_MEMBER(name) decltype(&::name) name = nullptr;
+  PROBE_VASWAP(PROBE_MEMBER)
+#undef PROBE_MEMBER
+  bool present = false;
+  Vaswap() {
+#define PROBE_FIND(name) name = reinterpret_cast<decltype(name)>(dlsym(RTLD_DEFAULT, #name));
+    PROBE_VASWAP(PROBE_FIND)
+#undef PROBE_FIND
+    present = vaswap_get_stats != nullptr;
+  }
+};
+
+#define VCHECK(v, call)                                                               \
+  do {                                                                                \
+    if ((call) != VASWAP_OK) {                                                        \
+      std::fprintf(stderr, "probe: %s failed: %s\n", #call, (v).vaswap_last_error()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// Offloads and restores the slot behind `b` on `stream`, or says there is none. Exits non-zero if
+// the slot moves or loses a byte.
+void round_trip(const Vaswap& v, Cuda& cuda, uintptr_t b, void* stream) {
+  vaswap_slot slot = nullptr;
+  if (v.vaswap_slot_find(reinterpret_cast<void*>(b + 4096), &slot) == VASWAP_ERROR_NOT_FOUND) {
+    std::fprintf(stderr, "vaswap: no slot behind B (%s)\n", v.vaswap_last_error());
+    return;
+  }
+  std::vector<uint8_t> before(kB), after(kB);
+  cuda.read(before.data(), b, kB);
+  void* host = nullptr;
+  VCHECK(v, v.vaswap_host_alloc(kB, &host));
+  VCHECK(v, v.vaswap_offload_after(&slot, &host, 1, stream));
+  vaswap_remap remap = nullptr;
+  VCHECK(v, v.vaswap_remap_and_copy_after(&slot, &host, 1, stream, &remap));
+  VCHECK(v, v.vaswap_remap_wait_on_stream(remap, stream));
+  VCHECK(v, v.vaswap_remap_adopt(remap));
+  VCHECK(v, v.vaswap_remap_destroy(remap));
+  cuda.sync(stream);
+  vaswap_slot_info info{};
+  VCHECK(v, v.vaswap_slot_get_info(slot, &info));
+  if (info.va != b) {
+    std::fprintf(stderr, "probe: the slot moved from 0x%" PRIxPTR " to 0x%" PRIx64 "\n", b,
+                 static_cast<uint64_t>(info.va));
+    std::exit(1);
+  }
+  cuda.read(after.data(), b, kB);
+  if (before != after) {
+    std::fprintf(stderr, "probe: B changed across the release and remap\n");
+    std::exit(1);
+  }
+  VCHECK(v, v.vaswap_host_free(host));
+  std::fprintf(stderr,
+               "vaswap: slot %" PRIu64 " at 0x%" PRIxPTR
+               " released and remapped; %zu bytes identical\n",
+               static_cast<uint64_t>(info.id), b, kB);
+}
+
+}  // namespace
+
+int main() {
+  Way cuda;
+  Vaswap vaswap;
+  cuda.init();
+  void* stream = cuda.stream();
+  int allocs = 0, frees = 0, captures = 0, instantiations = 0, launches = 0;
+
+  const uintptr_t a = cuda.alloc(kA);
+  ++allocs;
+  cuda.memset32(a, 0x01020304u, kA / 4, stream);
+
+  cuda.begin_capture(stream);
+  ++captures;
+  cuda.relaxed(true);
+  const uintptr_t b = cuda.alloc(kB);
+  ++allocs;
+  cuda.relaxed(false);
+  cuda.memset32(b, 0x5a5a5a5au, kB / 4, stream);
+  cuda.copy(b + kB / 2, a, kA, stream);
+  void* graph = cuda.end_capture(stream);
+  void* exec = cuda.instantiate(graph);
+  ++instantiations;
+
+  std::vector<uint8_t> out(kB);
+  cuda.launch(exec, stream);
+  ++launches;
+  cuda.sync(stream);
+  cuda.read(out.data(), b, kB);
+  const uint64_t first = fnv1a(out);
+
+  if (vaswap.present) round_trip(vaswap, cuda, b, stream);
+
+  cuda.memset32(a, 0x0a0b0c0du, kA / 4, stream);
+  cuda.launch(exec, stream);
+  ++launches;
+  cuda.sync(stream);
+  cuda.read(out.data(), b, kB);
+  const uint64_t second = fnv1a(out);
+
+  cuda.destroy(exec, graph);
+  cuda.free(b);
+  cuda.free(a);
+  frees += 2;
+
+  std::printf("way %s\nchecksums %016" PRIx64 " %016" PRIx64 "\n", kWay, first, second);
+  std::printf("calls allocations=%d frees=%d captures=%d instantiations=%d launches=%d\n", allocs,
+              frees, captures, instantiations, launches);
+  if (vaswap.present) {
+    vaswap_stats s{};
+    VCHECK(vaswap, vaswap.vaswap_get_stats(&s));
+    std::fprintf(stderr,
+                 "seen allocations=%" PRIu64 " frees=%" PRIu64 " captures=%" PRIu64
+                 " instantiations=%" PRIu64 " launches=%" PRIu64 " slots=%" PRIu64 "\n",
+                 s.allocations_seen, s.frees_seen, s.captures_seen, s.instantiations_seen,
+                 s.graph_launches_seen, s.slots_selected);
+  }
+  return 0;
+}
