@@ -20,7 +20,7 @@ for way in runtime procaddr dlopen; do
   probe=$build/bin/probe_$way
   case $way in runtime) api=runtime ;; *) api=driver ;; esac
 
-  plain=$("$probe")
+  plain=$("$probe") || { echo "FAIL $way: the probe failed without vaswap (exit $?)"; exit 1; }
   VASWAP_CONF="selection.min_bytes=4MiB" run --trace "$tmp/$way.jsonl" -- "$probe" \
     >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
   if [[ "$plain" != "$(cat "$tmp/out")" ]]; then
