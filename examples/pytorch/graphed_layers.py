@@ -31,6 +31,10 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sdpa", choices=("default", "math"), default="default",
+                   help="attention kernels: PyTorch's choice, or the math path only")
+    p.add_argument("--shift-mib", type=int, default=0,
+                   help="hold a cudaMalloc'd block of this size first, moving every later segment")
     p.add_argument("--out", help="write the losses and memory figures here (JSON)")
     args = p.parse_args()
 
@@ -39,6 +43,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
+    if args.sdpa == "math":
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    shift = torch.empty(args.shift_mib << 20, dtype=torch.uint8, device=device)  # noqa: F841
 
     layers = [
         torch.nn.TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, dropout=0.0,

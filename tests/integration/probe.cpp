@@ -156,12 +156,13 @@ struct Driver {
 const char* const kWay = "procaddr";
 void load(Driver* d) {
   // cuGetProcAddress itself comes from the link (libcuda.so.1); everything else through it.
-#define PROBE_LOAD(name, abi, version)                                                  \
-  {                                                                                     \
-    void* fn = nullptr;                                                                 \
-    CUdriverProcAddressQueryResult status{};                                            \
-    CHECK(cuGetProcAddress(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status)); \
-    d->name = reinterpret_cast<decltype(d->name)>(fn);                                  \
+#define PROBE_LOAD(name, abi, version)                                                     \
+  {                                                                                        \
+    void* fn = nullptr;                                                                    \
+    CUdriverProcAddressQueryResult status{};                                               \
+    CHECK(cuGetProcAddress(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status));    \
+    if (std::getenv("PROBE_DEBUG") != nullptr) std::fprintf(stderr, "probe: %s\n", #name); \
+    d->name = reinterpret_cast<decltype(d->name)>(fn);                                     \
   }
   PROBE_DRIVER(PROBE_LOAD)
 #undef PROBE_LOAD
@@ -241,11 +242,13 @@ struct Way : Cuda {
 // ------------------------------------------------------------------------------------------------
 
 struct Vaswap {
+// clang-format off
 #define PROBE_VASWAP(X)                                                                    \
   X(vaswap_slot_find)                                                                      \
   X(vaswap_slot_get_info) X(vaswap_host_alloc) X(vaswap_host_free) X(vaswap_offload_after) \
       X(vaswap_remap_and_copy_after) X(vaswap_remap_wait_on_stream) X(vaswap_remap_adopt)  \
           X(vaswap_remap_destroy) X(vaswap_get_stats) X(vaswap_last_error)
+// clang-format on
 #define PROBE_MEMBER(name) decltype(&::name) name = nullptr;
   PROBE_VASWAP(PROBE_MEMBER)
 #undef PROBE_MEMBER
@@ -306,17 +309,24 @@ void round_trip(const Vaswap& v, Cuda& cuda, uintptr_t b, void* stream) {
 
 }  // namespace
 
+void step(const char* what) {
+  if (std::getenv("PROBE_DEBUG") != nullptr) std::fprintf(stderr, "probe: step %s\n", what);
+}
+
 int main() {
   Way cuda;
   Vaswap vaswap;
+  step("init");
   cuda.init();
   void* stream = cuda.stream();
   int allocs = 0, frees = 0, captures = 0, instantiations = 0, launches = 0;
 
+  step("alloc A");
   const uintptr_t a = cuda.alloc(kA);
   ++allocs;
   cuda.memset32(a, 0x01020304u, kA / 4, stream);
 
+  step("capture");
   cuda.begin_capture(stream);
   ++captures;
   cuda.relaxed(true);
@@ -325,11 +335,13 @@ int main() {
   cuda.relaxed(false);
   cuda.memset32(b, 0x5a5a5a5au, kB / 4, stream);
   cuda.copy(b + kB / 2, a, kA, stream);
+  step("end capture");
   void* graph = cuda.end_capture(stream);
   void* exec = cuda.instantiate(graph);
   ++instantiations;
 
   std::vector<uint8_t> out(kB);
+  step("launch");
   cuda.launch(exec, stream);
   ++launches;
   cuda.sync(stream);
