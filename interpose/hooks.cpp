@@ -457,9 +457,10 @@ struct Route<R (*)(const char*, void**, Rest...)> {
 
 void* route_proc_address(void* fn) {
   if (fn == nullptr || !intercept::routing_on()) return fn;
-  // By identity, not by name: the driver answers several names and versions with one function
-  // (cuGraphInstantiate at 12000 is cuGraphInstantiateWithFlags), and an older or newer ABI
-  // revision under a hooked name is another function, which must not be swapped.
+  // By identity, not by name: one function can be answered under several names and versions, and
+  // an older or newer ABI revision under a hooked name is another function with another signature
+  // ("cuGraphInstantiate" is the 5-argument CUDA 11 form, not cuda.h's macro for
+  // cuGraphInstantiateWithFlags), which must not be swapped.
   for (int i = 0; i < kCount; ++i) {
     if (kEntries[i].api == Api::driver && real(i) == fn) return wrapper(i);
   }

@@ -137,7 +137,7 @@ struct Way : Cuda {
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", 10010)                        \
   X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010) \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000)                               \
-  X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", 12000)                      \
+  X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040)             \
   X(cuGraphLaunch, "cuGraphLaunch", 10000)                                         \
   X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000)                               \
   X(cuGraphDestroy, "cuGraphDestroy", 10000)                                       \
@@ -216,7 +216,7 @@ struct Way : Cuda {
   }
   void* instantiate(void* g) override {
     CUgraphExec e = nullptr;
-    CHECK(d.cuGraphInstantiate(&e, static_cast<CUgraph>(g), 0));
+    CHECK(d.cuGraphInstantiateWithFlags(&e, static_cast<CUgraph>(g), 0));
     return e;
   }
   void launch(void* e, void* s) override {

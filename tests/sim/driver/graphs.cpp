@@ -364,6 +364,17 @@ CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg,
   return instantiate(out, hg, flags);
 }
 
+// The CUDA 10-11 ABI that cuGetProcAddress still answers for "cuGraphInstantiate" (versions 10000
+// and 11000): an error node and a log buffer instead of flags. (cuda.h's cuGraphInstantiate is a
+// macro for cuGraphInstantiateWithFlags; asking the driver for that name is another function.)
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* out, CUgraph hg, CUgraphNode* error_node,
+                                       char* log, size_t log_bytes) {
+  SIM_ENTER();
+  if (error_node != nullptr) *error_node = nullptr;
+  if (log != nullptr && log_bytes > 0) log[0] = '\0';
+  return instantiate(out, hg, 0);
+}
+
 CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph hg,
                                               CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
   SIM_ENTER();

@@ -215,7 +215,8 @@ const Entry kEntries[] = {
     E("cuGraphMemsetNodeGetParams", 10000, cuGraphMemsetNodeGetParams),
     E("cuGraphHostNodeGetParams", 10000, cuGraphHostNodeGetParams),
     E("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
-    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),  // the 5-argument ABI, as NVIDIA's
+    E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     EP("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams,
        cuGraphInstantiateWithParams_ptsz),
