@@ -22,28 +22,17 @@
 
 namespace vaswap::intercept {
 
-namespace {
-
 // =============================================================================================
 // The environment, read once
 // =============================================================================================
 
-struct Environment {
-  bool on = false;
-  Settings settings;
-  std::vector<std::string> notices;  // said once, at the first hooked call
-};
-
-std::string env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
-
-Environment read_environment() {
+Environment read_environment(bool secure, const std::function<const char*(const char*)>& variable) {
   Environment e;
-  // A setuid/setgid or capability-raising exec: nothing from the environment may steer code
-  // in this process (the same rule glibc applies to LD_* and MALLOC_*). Pass everything through.
-  if (getauxval(AT_SECURE) != 0) return e;
+  if (secure) return e;
+  auto env = [&](const char* name) {
+    const char* value = variable(name);
+    return std::string(value != nullptr ? value : "");
+  };
   std::string error;
   if (!apply_conf(env("VASWAP_CONF"), "VASWAP_CONF", &e.settings, &error)) {
     e.notices.push_back(error + "; vaswap is passing every call through");
@@ -67,8 +56,13 @@ Environment read_environment() {
   return e;
 }
 
+namespace {
+
 const Environment& environment() {
-  static const Environment* e = new Environment(read_environment());  // read once, never freed
+  static const Environment* e =  // read once, never freed
+      new Environment(read_environment(getauxval(AT_SECURE) != 0, [](const char* name) {
+        return static_cast<const char*>(std::getenv(name));
+      }));
   return *e;
 }
 
@@ -225,7 +219,7 @@ bool on() {
   return false;
 }
 
-bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va) {
+bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped) {
   const Settings& settings = environment().settings;
   if (bytes < settings.min_bytes) return false;
   Tables& t = tables();
@@ -236,13 +230,7 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va) {
   }
   if (settings.captured_only && !capture) return false;
   if (from_nccl(call.caller)) {
-    if (trace::enabled()) {
-      record(trace::Event::alloc, call)
-          .add("bytes", static_cast<uint64_t>(bytes))
-          .add("selected", false)
-          .add("skipped", "nccl")
-          .emit();
-    }
+    *skipped = "nccl";
     return false;
   }
   const int device = current_device();
@@ -275,7 +263,8 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va) {
   return true;
 }
 
-void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream) {
+void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
+               const char* skipped) {
   if (bytes == 0 || va == 0) return;
   Tables& t = tables();
   std::optional<CaptureTag> capture;
@@ -298,7 +287,9 @@ void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream) 
     r.hex("va", va).add("bytes", static_cast<uint64_t>(bytes)).add("device", device);
     if (capture) r.add("capture", capture->sequence);
     if (stream != nullptr) r.hex("stream", stream_id(stream_of(call, stream)));
-    r.add("selected", false).emit();
+    r.add("selected", false);
+    if (skipped != nullptr) r.add("skipped", skipped);
+    r.emit();
   }
 }
 

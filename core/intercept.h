@@ -12,9 +12,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "registry.h"
+#include "settings.h"
 
 namespace vaswap::intercept {
 
@@ -32,6 +36,16 @@ struct Call {
 // True when the preload acts on calls. Decided once, from the environment (config/settings.h):
 // false with VASWAP_CONF mode=off, in secure-execution mode (AT_SECURE), or when VASWAP_CONF is
 // malformed. While false, every hook forwards at once and lookups are not rerouted.
+// What the environment asks for. In secure-execution mode (`secure`: AT_SECURE, a setuid or
+// capability-raising exec) nothing is read and the preload is off, as glibc ignores LD_* there.
+// `notices` are said once, at the first hooked call (or at once, when the preload is off).
+struct Environment {
+  bool on = false;
+  Settings settings;
+  std::vector<std::string> notices;
+};
+Environment read_environment(bool secure, const std::function<const char*(const char*)>& variable);
+
 // Logs the environment's notices and opens the trace at the first call that returns true.
 bool on();
 // The same decision without side effects, for symbol lookups (which can run while other
@@ -43,10 +57,12 @@ bool routing_on();
 // ---------------------------------------------------------------------------------------------
 
 // Backs the allocation with a slot when the settings select it. Returns true and sets `va` when
-// it did; false means the caller makes the real allocation (and reports it with `allocated`).
-bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va);
+// it did; false means the caller makes the real allocation and reports it with `allocated`,
+// passing on `skipped` (set when a guard, rather than the settings, kept it from being a slot).
+bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped);
 // A real allocation succeeded. `stream` is the stream of a stream-ordered allocation, or null.
-void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream);
+void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
+               const char* skipped = nullptr);
 // Frees `va` if it is a slot (waiting for work in flight on the device, as cudaFree does) and
 // returns the result; returns nothing when `va` is not a slot and the real free must run.
 std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va);

@@ -199,12 +199,15 @@ struct Allocate<R (*)(P*, size_t)> {
     if (!handle()) return real(ptr, bytes);
     Scope scope;
     CUdeviceptr va = 0;
-    if (ptr != nullptr && intercept::try_slot(call, bytes, &va)) {
+    const char* skipped = nullptr;
+    if (ptr != nullptr && intercept::try_slot(call, bytes, &va, &skipped)) {
       *ptr = from_va<P>(va);
       return R{};
     }
     const R rc = real(ptr, bytes);
-    if (rc == R{} && ptr != nullptr) intercept::allocated(call, to_va(*ptr), bytes, nullptr);
+    if (rc == R{} && ptr != nullptr) {
+      intercept::allocated(call, to_va(*ptr), bytes, nullptr, skipped);
+    }
     return rc;
   }
 };

@@ -1,19 +1,63 @@
 #!/usr/bin/env bash
-# README's main-job command. Sets up what is missing, builds, and runs the layered-graph demo:
-# on the GPU when one is present (built with nvcc), otherwise on vaswap's simulated device.
-# Arguments are passed to the demo (see: scripts/demo.sh --help).
+# README's main-job command. Sets up what is missing, builds, and runs the layered-graph demo under
+# vaswap (scripts/vaswap run): on the GPU when one is present (the demo built with nvcc, cudart
+# linked statically, so vaswap sees it through its driver-level hooks), otherwise on vaswap's
+# simulated device. Arguments go to the demo (scripts/demo.sh --help). Afterwards it says what
+# vaswap saw, from the trace (build/demo_trace.jsonl).
+#
+# VASWAP_CONF is passed on; unless it says otherwise, buffers of 1 MiB and up made during a
+# capture become slots (the demo's buffers are 1 MiB by default).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+export VASWAP_CONF=${VASWAP_CONF:-selection.min_bytes=1MiB}
+trace=$root/build/demo_trace.jsonl
+
+# The libvaswap.so to preload: VASWAP_LIBRARY, a GPU build, the plain build, or build it.
+find_library() {
+  for lib in "${VASWAP_LIBRARY:-}" build/gpu/lib/libvaswap.so build/plain/lib/libvaswap.so; do
+    [[ -n "$lib" && -f "$lib" ]] && { echo "$lib"; return; }
+  done
+  bash scripts/setup.sh >&2
+  cmake -S . -B build/plain -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build/plain -j"$(nproc)" --target vaswap >&2
+  echo build/plain/lib/libvaswap.so
+}
+
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 2>&1; then
   mkdir -p build/gpu
   nvcc -O2 -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -I tests/sim/include \
     examples/train_layers/train_layers.cu -o build/gpu/train_layers_cuda
-  echo "vaswap demo: running on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-  exec build/gpu/train_layers_cuda "$@"
+  lib=$(find_library)
+  echo "vaswap demo: running on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) under vaswap ($lib)"
+  demo=(build/gpu/train_layers_cuda)
+else
+  bash scripts/setup.sh
+  cmake -S . -B build/plain -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build/plain -j"$(nproc)" --target train_layers vaswap
+  lib=build/plain/lib/libvaswap.so
+  echo "vaswap demo: no GPU here; running on the simulated CUDA device (build/plain/sim) under vaswap"
+  export LD_LIBRARY_PATH=build/plain/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  demo=(build/plain/bin/train_layers)
 fi
-bash scripts/setup.sh
-cmake -S . -B build/plain -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build/plain -j"$(nproc)" --target train_layers
-echo "vaswap demo: no GPU here; running on the simulated CUDA device (build/plain/sim)"
-LD_LIBRARY_PATH=build/plain/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec build/plain/bin/train_layers "$@"
+
+status=0
+scripts/vaswap run --library "$lib" --trace "$trace" -- "${demo[@]}" "$@" || status=$?
+if [[ -s "$trace" ]]; then
+  python3 - "$trace" <<'PY'
+import collections, json, sys
+n = collections.Counter(); slot_bytes = 0; levels = set()
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    n[e["ev"]] += 1
+    if "api" in e:
+        levels.add(e["api"])
+    if e["ev"] == "alloc" and e.get("selected"):
+        n["slots"] += 1
+        slot_bytes += e["bytes"]
+print(f"vaswap saw {n['alloc']} allocations ({n['slots']} backed by slots, "
+      f"{slot_bytes / 2**20:.0f} MiB), {n['capture_begin']} captures and {n['graph_launch']} graph "
+      f"launches, through its {' and '.join(sorted(levels)) or 'no'} hooks; trace: {sys.argv[1]}")
+PY
+fi
+exit $status

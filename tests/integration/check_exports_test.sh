@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# DESIGN.md invariant 9: libvaswap.so exports only vaswap_* (and, later, the CUDA entry points it
-# interposes), and nothing it depends on can leak symbols into the host: yaml-cpp and libunwind
-# are reached only through libvaswap_yaml.so / libvaswap_unwind.so, loaded RTLD_LOCAL.
+# DESIGN.md invariant 9: libvaswap.so exports exactly the CUDA entry points it interposes (the
+# list in interpose/hooks.def), dlsym (which it routes), and vaswap_*; and nothing it depends on
+# can leak symbols into the host: yaml-cpp and libunwind are reached only through
+# libvaswap_yaml.so / libvaswap_unwind.so, loaded RTLD_LOCAL.
 set -euo pipefail
 lib=$1/lib/libvaswap.so
-allowed='^(vaswap_[a-z0-9_]+)$'
-bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | grep -Ev "$allowed" || true)
+src=$2
+hooked=$(sed -nE 's/^VASWAP_RUNTIME_HOOK\([A-Za-z]+, ([A-Za-z0-9_]+),.*/\1/p; s/^VASWAP_DRIVER_HOOK\([A-Za-z]+, [A-Za-z0-9_]+, ([A-Za-z0-9_]+),.*/\1/p' \
+  "$src/interpose/hooks.def" | sort)
+[[ $(echo "$hooked" | wc -l) -ge 50 ]] || { echo "could not read the hook table"; exit 1; }
+exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | sort)
+
+bad=$(comm -23 <(echo "$exported") <(printf '%s\n' $hooked dlsym | sort) | grep -Ev '^vaswap_[a-z0-9_]+$' || true)
 if [[ -n "$bad" ]]; then echo "libvaswap.so exports symbols outside the allowed set:"; echo "$bad"; exit 1; fi
+missing=$(comm -13 <(echo "$exported") <(printf '%s\n' $hooked dlsym | sort))
+if [[ -n "$missing" ]]; then echo "hooks.def lists symbols libvaswap.so does not export:"; echo "$missing"; exit 1; fi
+# Exported unversioned, so that they take over libcudart's versioned symbols.
+if nm -D --defined-only "$lib" | grep -E ' (cuda|cu)[A-Za-z0-9_]*@' ; then echo "a hook is versioned"; exit 1; fi
+
 needed=$(readelf -d "$lib" | awk '/NEEDED/ {print $5}' | tr -d '[]')
-echo "exports: $(nm -D --defined-only "$lib" | wc -l) symbols; NEEDED: ${needed:-none}"
+echo "exports: $(echo "$exported" | wc -l) symbols ($(echo "$hooked" | wc -l) hooks, dlsym, vaswap_*); NEEDED: ${needed:-none}"
 for dep in $needed; do
   case "$dep" in
     libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|libdl.so.*|libpthread.so.*|ld-linux*|libasan.so.*|libubsan.so.*) ;;

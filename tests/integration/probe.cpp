@@ -57,6 +57,7 @@ struct Cuda {
   virtual void init() = 0;
   virtual void* stream() = 0;
   virtual uintptr_t alloc(size_t bytes) = 0;
+  virtual uintptr_t alloc_captured(size_t bytes) { return alloc(bytes); }
   virtual void free(uintptr_t p) = 0;
   virtual void begin_capture(void* stream) = 0;
   virtual void relaxed(bool on) = 0;  // the thread's capture mode, around a captured allocation
@@ -82,6 +83,19 @@ struct Way : Cuda {
   uintptr_t alloc(size_t bytes) override {
     void* p = nullptr;
     CHECK(cudaMalloc(&p, bytes));
+    return reinterpret_cast<uintptr_t>(p);
+  }
+  // PROBE_ALLOC_LIBRARY names a library whose probe_alloc(void**, size_t) makes the captured
+  // allocation instead (the test's stand-in for NCCL).
+  uintptr_t alloc_captured(size_t bytes) override {
+    const char* library = std::getenv("PROBE_ALLOC_LIBRARY");
+    if (library == nullptr) return alloc(bytes);
+    void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    using AllocFn = cudaError_t (*)(void**, size_t);
+    auto fn = lib != nullptr ? reinterpret_cast<AllocFn>(dlsym(lib, "probe_alloc")) : nullptr;
+    if (fn == nullptr) die(dlerror(), 0);
+    void* p = nullptr;
+    CHECK(fn(&p, bytes));
     return reinterpret_cast<uintptr_t>(p);
   }
   void free(uintptr_t p) override { CHECK(cudaFree(reinterpret_cast<void*>(p))); }
@@ -330,7 +344,7 @@ int main() {
   cuda.begin_capture(stream);
   ++captures;
   cuda.relaxed(true);
-  const uintptr_t b = cuda.alloc(kB);
+  const uintptr_t b = cuda.alloc_captured(kB);
   ++allocs;
   cuda.relaxed(false);
   cuda.memset32(b, 0x5a5a5a5au, kB / 4, stream);

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The preload's guards, over the runtime probe (tests/integration/probe.cpp):
+#   - an allocation made from libnccl is never a slot, even when it would be selected;
+#   - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is reported, in the log and the trace;
+#   - a malformed VASWAP_CONF names the key, what was expected and what was given, and vaswap
+#     then passes every call through.
+# The program's output is the same as without vaswap in each case.
+set -euo pipefail
+build=$1
+src=$2
+export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+run() { "$src/scripts/vaswap" run --library "$build/lib/libvaswap.so" "$@"; }
+probe=$build/bin/probe_runtime
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL $1"; cat "$tmp/err" 2>/dev/null; exit 1; }
+plain=$("$probe")
+
+# NCCL: the captured 8 MiB allocation comes from libnccl.so.
+export PROBE_ALLOC_LIBRARY=$build/tests/fake/libnccl.so
+[[ "$("$probe")" == "$plain" ]] || fail "nccl: the probe's output changed with the stand-in"
+VASWAP_CONF="selection.min_bytes=4MiB" run --trace "$tmp/nccl.jsonl" -- "$probe" >"$tmp/out" 2>"$tmp/err"
+[[ "$(cat "$tmp/out")" == "$plain" ]] || fail "nccl: output differs under vaswap"
+grep -q "no slot behind B" "$tmp/err" || fail "nccl: NCCL's allocation became a slot"
+[[ $(grep -c '"ev":"alloc"' "$tmp/nccl.jsonl") == 2 ]] || fail "nccl: not one alloc event per allocation"
+grep -q '"ev":"alloc".*"bytes":8388608,.*"selected":false,"skipped":"nccl"' "$tmp/nccl.jsonl" ||
+  fail "nccl: the trace does not say the allocation was skipped for NCCL"
+echo "ok   an allocation from libnccl is passed through, and the trace says why"
+unset PROBE_ALLOC_LIBRARY
+
+# expandable_segments: said once, on stderr and in the trace.
+PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True" \
+  run --trace "$tmp/exp.jsonl" -- "$probe" >"$tmp/out" 2>"$tmp/err"
+[[ "$(cat "$tmp/out")" == "$plain" ]] || fail "expandable: output differs"
+[[ $(grep -c "expandable_segments:True: PyTorch then maps its own memory" "$tmp/err") == 1 ]] ||
+  fail "expandable: not reported exactly once on stderr"
+grep -q '"ev":"notice".*expandable_segments:True' "$tmp/exp.jsonl" || fail "expandable: no notice in the trace"
+echo "ok   expandable_segments:True is reported once, in the log and the trace"
+
+# A malformed VASWAP_CONF: a clear message, then passthrough.
+VASWAP_CONF="selection.min_bytes=lots" run -- "$probe" >"$tmp/out" 2>"$tmp/err"
+[[ "$(cat "$tmp/out")" == "$plain" ]] || fail "bad conf: output differs"
+grep -q 'VASWAP_CONF: selection.min_bytes must be a size such as 16MiB, 2GB or 4096, got "lots"; vaswap is passing every call through' "$tmp/err" ||
+  fail "bad conf: message"
+grep -q "seen allocations=0 frees=0 captures=0" "$tmp/err" || fail "bad conf: calls were handled"
+VASWAP_CONF="mode=auto,selction.min_bytes=1MiB" run -- "$probe" >"$tmp/out" 2>"$tmp/err"
+grep -q 'VASWAP_CONF: unknown key "selction.min_bytes" (keys: mode, selection.min_bytes, selection.captured_only)' "$tmp/err" ||
+  fail "bad conf: unknown key"
+echo "ok   a malformed VASWAP_CONF is named, key and value, and vaswap passes calls through"
