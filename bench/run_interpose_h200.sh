@@ -2,7 +2,8 @@
 # Issue 4 on a real GPU. Expects the builds in build/gpu (made on a machine with the toolkit):
 #   cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DVASWAP_CUDA_EXAMPLES=ON
 #   cmake --build build/gpu --target vaswap probe_runtime probe_procaddr probe_dlopen \
-#     passthrough_cuda train_layers_static_cuda
+#     fake_nccl passthrough_cuda train_layers_static_cuda
+# and carried: build/gpu/bin, build/gpu/lib, build/gpu/tests/fake.
 # Runs, writing logs to $OUT (or bench/results/):
 #   1. the interposition probe over real CUDA, three ways (tests/integration/preload_ways_test.sh)
 #   2. the demo built with nvcc's default static cudart, with and without vaswap: same checksum,
@@ -40,9 +41,11 @@ print(f"  slots: {selected} allocations, {selected_bytes / 2**20:.1f} MiB")
 PY
 }
 
-echo "== 1. probe: runtime / cuGetProcAddress / dlopen ways over real CUDA" | tee -a "$log"
+echo "== 1. probe: runtime / cuGetProcAddress / dlopen ways, and the guards, over real CUDA" | tee -a "$log"
 mkdir -p build/gpu/sim  # the test puts it on LD_LIBRARY_PATH; empty here, so real CUDA answers
 bash tests/integration/preload_ways_test.sh "$root/build/gpu" "$root" 2>&1 | tee -a "$log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+bash tests/integration/preload_guards_test.sh "$root/build/gpu" "$root" 2>&1 | tee -a "$log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 
 echo "== 2. demo built with static cudart (driver-level hooks only)" | tee -a "$log"
@@ -58,34 +61,46 @@ counts "$out/interpose_static_trace.jsonl" | tee -a "$log"
 
 echo "== 3. PyTorch $(python3 -c 'import torch; print(torch.__version__)'): per-layer make_graphed_callables" | tee -a "$log"
 targs="--layers 8 --steps 20"
-torch_run() {  # torch_run NAME [vaswap run options...]: runs the example, losses to torch_NAME.json
-  local name=$1
-  shift
+torch_run() {  # torch_run NAME EXTRA_ARGS [vaswap run options...]: losses to torch_NAME.json
+  local name=$1 extra=$2
+  shift 2
+  local cmd=(python3 examples/pytorch/graphed_layers.py $targs $extra --out "$out/torch_$name.json")
   if [[ $name == plain* ]]; then
-    python3 examples/pytorch/graphed_layers.py $targs --out "$out/torch_$name.json" >"$out/torch_$name.log" 2>&1
+    "${cmd[@]}" >"$out/torch_$name.log" 2>&1
   else
-    scripts/vaswap run --library "$lib" "$@" -- \
-      python3 examples/pytorch/graphed_layers.py $targs --out "$out/torch_$name.json" >"$out/torch_$name.log" 2>&1
+    scripts/vaswap run --library "$lib" "$@" -- "${cmd[@]}" >"$out/torch_$name.log" 2>&1
   fi
   echo "  $name: $(tail -1 "$out/torch_$name.log")" | tee -a "$log"
 }
-torch_run plain
-torch_run plain_again
-VASWAP_CONF=mode=off torch_run vaswap_off
-VASWAP_CONF=selection.min_bytes=1TiB torch_run vaswap_hooks_only
-torch_run vaswap --trace "$out/interpose_torch_trace.jsonl"
+torch_run plain ""
+torch_run plain_again ""
+VASWAP_CONF=mode=off torch_run vaswap_off ""
+VASWAP_CONF=selection.min_bytes=1TiB torch_run vaswap_hooks_only ""
+torch_run vaswap "" --trace "$out/interpose_torch_trace.jsonl"
+torch_run plain_sdpa_default "--sdpa default"
+torch_run plain_sdpa_default_again "--sdpa default"
+torch_run vaswap_sdpa_default "--sdpa default"
+torch_run vaswap_sdpa_default_again "--sdpa default"
 python3 - "$out" <<'PY' | tee -a "$log"
 import json, sys
 out = sys.argv[1]
-runs = {n: json.load(open(f"{out}/torch_{n}.json"))
-        for n in ("plain", "plain_again", "vaswap_off", "vaswap_hooks_only", "vaswap")}
-ref = runs["plain"]["losses"]
-print("  | run | losses equal to the first plain run | first differing step | ms/step |")
-print("  |---|---|---:|---:|")
-for name, r in runs.items():
-    diff = next((i for i, (a, b) in enumerate(zip(ref, r["losses"])) if a != b), None)
-    print(f"  | {name} | {r['losses'] == ref} | {'-' if diff is None else diff} | {r['ms_per_step']:.2f} |")
+def table(names, ref):
+    runs = {n: json.load(open(f"{out}/torch_{n}.json")) for n in names}
+    base = runs[ref]["losses"]
+    print(f"  | run | losses equal to {ref} | first differing step | ms/step |")
+    print("  |---|---|---:|---:|")
+    for name, r in runs.items():
+        diff = next((i for i, (a, b) in enumerate(zip(base, r["losses"])) if a != b), None)
+        print(f"  | {name} | {r['losses'] == base} | {'-' if diff is None else diff} | {r['ms_per_step']:.2f} |")
+    return runs
+runs = table(["plain", "plain_again", "vaswap_off", "vaswap_hooks_only", "vaswap"], "plain")
+ok = all(r["losses"] == runs["plain"]["losses"] for r in runs.values())
+print("  With PyTorch's default attention kernels (memory-efficient attention):")
+table(["plain_sdpa_default", "plain_sdpa_default_again", "vaswap_sdpa_default",
+       "vaswap_sdpa_default_again"], "plain_sdpa_default")
+sys.exit(0 if ok else 1)
 PY
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 counts "$out/interpose_torch_trace.jsonl" | tee -a "$log"
 echo "  expandable_segments:True is reported:" | tee -a "$log"
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True scripts/vaswap run --library "$lib" -- \

@@ -46,6 +46,17 @@ bool parse_bool(const std::string& text, bool* value) {
   return false;
 }
 
+// "<source>: <key> must be <expected>, got "<value>""
+std::string expected(const std::string& where, const char* what, const std::string& value) {
+  std::string message = where;
+  message += " must be ";
+  message += what;
+  message += ", got \"";
+  message += value;
+  message += '"';
+  return message;
+}
+
 constexpr const char* kKeys = "mode, selection.min_bytes, selection.captured_only";
 
 }  // namespace
@@ -107,17 +118,17 @@ bool apply_conf(const std::string& text, const char* source, Settings* settings,
       } else if (value == "auto") {
         result.mode = Mode::auto_;
       } else {
-        *error = where + " must be off or auto, got \"" + value + "\"";
+        *error = expected(where, "off or auto", value);
         return false;
       }
     } else if (key == "selection.min_bytes") {
       if (!parse_size(value, &result.min_bytes)) {
-        *error = where + " must be a size such as 16MiB, 2GB or 4096, got \"" + value + "\"";
+        *error = expected(where, "a size such as 16MiB, 2GB or 4096", value);
         return false;
       }
     } else if (key == "selection.captured_only") {
       if (!parse_bool(value, &result.captured_only)) {
-        *error = where + " must be true or false, got \"" + value + "\"";
+        *error = expected(where, "true or false", value);
         return false;
       }
     } else {

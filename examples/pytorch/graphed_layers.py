@@ -8,8 +8,8 @@ replayed every step, with PyTorch's caching allocator serving the captures from 
     scripts/vaswap run --trace run.jsonl -- python3 examples/pytorch/graphed_layers.py
 
 It prints one line per step, with the loss as an exact float (hex), and can write them as JSON
-(--out) so that two runs can be compared bit for bit. Deterministic algorithms are forced, so the
-same command gives the same losses on the same GPU.
+(--out) so that two runs can be compared bit for bit. Deterministic algorithms are forced and
+attention takes the math path, so the same command gives the same losses on the same GPU.
 """
 
 import argparse
@@ -31,8 +31,10 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sdpa", choices=("default", "math"), default="default",
-                   help="attention kernels: PyTorch's choice, or the math path only")
+    p.add_argument("--sdpa", choices=("math", "default"), default="math",
+                   help="attention kernels: the math path (deterministic; the default), or "
+                        "PyTorch's choice (memory-efficient attention, whose backward "
+                        "accumulates with atomics: see docs/INTERPOSITION.md)")
     p.add_argument("--shift-mib", type=int, default=0,
                    help="hold a cudaMalloc'd block of this size first, moving every later segment")
     p.add_argument("--out", help="write the losses and memory figures here (JSON)")

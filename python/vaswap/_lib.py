@@ -33,6 +33,12 @@ class Stats(ctypes.Structure):
             "errors",
             "host_bytes_pinned",
             "host_bytes_in_use",
+            "allocations_seen",
+            "frees_seen",
+            "slots_selected",
+            "captures_seen",
+            "instantiations_seen",
+            "graph_launches_seen",
         )
     ]
 
@@ -46,6 +52,7 @@ _OUT = ctypes.POINTER(_P)
 # name -> argument types; every call returns a vaswap_status (int), except where noted.
 _SIGNATURES = {
     "vaswap_slot_create": [_INT, _SIZE, _OUT],
+    "vaswap_slot_find": [_P, _OUT],
     "vaswap_slot_create_strided": [
         _INT, _INT, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), _SIZE, _OUT,
     ],
