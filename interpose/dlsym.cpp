@@ -23,25 +23,27 @@
 
 namespace {
 
-bool could_be_hooked(const char* name) {
-  return name != nullptr && name[0] == 'c' && name[1] == 'u';  // cu*, cuda*
+// A lookup of a cu* or cuda* name: answered here (true) when it is a hooked entry point.
+bool route_cuda_name(void* handle, const char* name, void** out) {
+  if (!vaswap::intercept::routing_on()) return false;
+  const int index = vaswap::hooks::find(name);
+  if (index < 0) return false;
+  // Relative to libvaswap.so for RTLD_NEXT/RTLD_DEFAULT; for a hooked CUDA name that finds the
+  // same function as from the caller unless the caller itself defines the name.
+  *out = vaswap::hooks::route_export(index, vaswap::real_dlsym(handle, name));
+  return true;
 }
 
 }  // namespace
 
 // Returns 1 when it has answered the lookup (in *out); 0 when glibc's dlsym must answer it, with
-// that function's address in *out. Hidden: only the stub below calls it.
-extern "C" __attribute__((visibility("hidden"), used)) int vaswap_dlsym_route(void* handle,
-                                                                              const char* name,
-                                                                              void** out) {
-  if (could_be_hooked(name) && vaswap::intercept::routing_on()) {
-    const int index = vaswap::hooks::find(name);
-    if (index >= 0) {
-      // Relative to libvaswap.so for RTLD_NEXT/RTLD_DEFAULT; for a hooked CUDA name that finds
-      // the same function as from the caller unless the caller itself defines the name.
-      *out = vaswap::hooks::route_export(index, vaswap::real_dlsym(handle, name));
-      return 1;
-    }
+// that function's address in *out. Hidden: only the stub below calls it. Uninstrumented up to the
+// name test: AddressSanitizer's runtime looks up its interceptors through here before its shadow
+// memory exists (those names never start with "cu").
+extern "C" __attribute__((visibility("hidden"), used, no_sanitize("address", "undefined"))) int
+vaswap_dlsym_route(void* handle, const char* name, void** out) {
+  if (name != nullptr && name[0] == 'c' && name[1] == 'u' && route_cuda_name(handle, name, out)) {
+    return 1;
   }
   *out = vaswap::glibc_dlsym();
   if (*out == nullptr) return 1;  // no glibc dlsym found: answer "not found" rather than crash

@@ -29,6 +29,15 @@ grep -q '"ev":"alloc".*"bytes":8388608,.*"selected":false,"skipped":"nccl"' "$tm
 echo "ok   an allocation from libnccl is passed through, and the trace says why"
 unset PROBE_ALLOC_LIBRARY
 
+# A device reset frees the device's slots first (the reset destroys the context that owns them).
+VASWAP_CONF="selection.min_bytes=4MiB" PROBE_RESET=1 run --trace "$tmp/reset.jsonl" -- "$probe" \
+  >"$tmp/out" 2>"$tmp/err" || fail "reset: the probe failed"
+[[ "$(cat "$tmp/out")" == "$(PROBE_RESET=1 "$probe")" ]] || fail "reset: output differs"
+grep -q "after reset: slot_find NOT_FOUND, slots_live=0" "$tmp/err" || fail "reset: the slot survived"
+grep -q '"ev":"device_reset","tid":[0-9]*,"call":"cudaDeviceReset","api":"runtime","device":0,"regions":1,"slots":1' \
+  "$tmp/reset.jsonl" || fail "reset: no device_reset event with the slot"
+echo "ok   a device reset frees the device's slots first"
+
 # expandable_segments: said once, on stderr and in the trace.
 PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True" \
   run --trace "$tmp/exp.jsonl" -- "$probe" >"$tmp/out" 2>"$tmp/err"

@@ -58,6 +58,7 @@ struct Cuda {
   virtual void* stream() = 0;
   virtual uintptr_t alloc(size_t bytes) = 0;
   virtual uintptr_t alloc_captured(size_t bytes) { return alloc(bytes); }
+  virtual void reset() { die("reset is only probed through the runtime", 0); }
   virtual void free(uintptr_t p) = 0;
   virtual void begin_capture(void* stream) = 0;
   virtual void relaxed(bool on) = 0;  // the thread's capture mode, around a captured allocation
@@ -99,6 +100,7 @@ struct Way : Cuda {
     return reinterpret_cast<uintptr_t>(p);
   }
   void free(uintptr_t p) override { CHECK(cudaFree(reinterpret_cast<void*>(p))); }
+  void reset() override { CHECK(cudaDeviceReset()); }
   void begin_capture(void* s) override {
     CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeGlobal));
   }
@@ -372,9 +374,23 @@ int main() {
   const uint64_t second = fnv1a(out);
 
   cuda.destroy(exec, graph);
-  cuda.free(b);
   cuda.free(a);
-  frees += 2;
+  ++frees;
+  if (std::getenv("PROBE_RESET") != nullptr) {
+    // B is left to the reset, which must take its slot with it.
+    cuda.reset();
+    if (vaswap.present) {
+      vaswap_slot slot = nullptr;
+      vaswap_stats s{};
+      const vaswap_status found = vaswap.vaswap_slot_find(reinterpret_cast<void*>(b), &slot);
+      VCHECK(vaswap, vaswap.vaswap_get_stats(&s));
+      std::fprintf(stderr, "after reset: slot_find %s, slots_live=%" PRIu64 "\n",
+                   found == VASWAP_ERROR_NOT_FOUND ? "NOT_FOUND" : "found", s.slots_live);
+    }
+  } else {
+    cuda.free(b);
+    ++frees;
+  }
 
   std::printf("way %s\nchecksums %016" PRIx64 " %016" PRIx64 "\n", kWay, first, second);
   std::printf("calls allocations=%d frees=%d captures=%d instantiations=%d launches=%d\n", allocs,
