@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -13,11 +14,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "callsite.h"
 #include "driver.h"
 #include "engine.h"
 #include "errors.h"
 #include "log.h"
-#include "settings.h"
+#include "policy.h"
 #include "trace.h"
 
 namespace vaswap::intercept {
@@ -33,15 +35,22 @@ Environment read_environment(bool secure, const std::function<const char*(const 
     const char* value = variable(name);
     return std::string(value != nullptr ? value : "");
   };
-  std::string error;
-  if (!apply_conf(env("VASWAP_CONF"), "VASWAP_CONF", &e.settings, &error)) {
-    e.notices.push_back(error + "; vaswap is passing every call through");
-    e.settings.mode = Mode::off;
-  }
-  if (!env("VASWAP_POLICY").empty()) {
-    e.notices.push_back("VASWAP_POLICY=" + env("VASWAP_POLICY") +
-                        " is not read by this version of vaswap (policy files come with the policy "
-                        "module); set VASWAP_CONF=\"mode=auto,selection.min_bytes=16MiB\" instead");
+  PolicyLoad load = load_policy(env("VASWAP_POLICY"), env("VASWAP_CONF"));
+  e.policy = load.policy;
+  if (!load.ok()) {
+    std::string message = "the vaswap policy has " + std::to_string(load.errors.size()) +
+                          (load.errors.size() == 1 ? " error" : " errors") + ":";
+    for (const std::string& error : load.errors) message += "\n  " + error;
+    if (load.policy.on_error == OnError::abort) {
+      // Stop at the first hooked call, before any CUDA work reaches the driver.
+      e.abort_message = message +
+                        "\nvaswap stops the program (on_error: abort). Fix the policy, check it "
+                        "with `vaswap check-policy FILE`, or set on_error: passthrough.";
+      e.on = true;
+      return e;
+    }
+    e.notices.push_back(message + "\nvaswap is passing every call through (on_error: passthrough)");
+    e.policy.mode = Mode::off;
   }
   for (const char* name : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}) {
     if (!expandable_segments_enabled(env(name))) continue;
@@ -52,7 +61,7 @@ Environment read_environment(bool secure, const std::function<const char*(const 
         "select, back or offload PyTorch's tensors. Remove the setting (or set "
         "expandable_segments:False) to let vaswap back graph-pool segments with slots");
   }
-  e.on = e.settings.mode != Mode::off;
+  e.on = e.policy.mode != Mode::off;
   return e;
 }
 
@@ -66,11 +75,28 @@ const Environment& environment() {
   return *e;
 }
 
+// Ends the process with `message`, without running its atexit handlers (which may call CUDA).
+[[noreturn]] void stop(const std::string& message) {
+  std::fprintf(stderr, "[vaswap] error: %s\n", message.c_str());
+  std::fflush(stderr);
+  _exit(1);
+}
+
 // First hooked call: open the trace and say what needs saying, once.
 void start() {
   static std::once_flag once;
   std::call_once(once, [] {
-    trace::open_from_environment();
+    const Environment& e = environment();
+    if (!e.abort_message.empty()) stop(e.abort_message);
+    configure_log(e.policy.log_level, e.policy.log_destination);
+    trace::open_from_environment(e.policy.trace_path);
+    if (!e.policy.serial_driver_calls) {
+      try {
+        engine().set_serial_driver_calls(false);
+      } catch (const Error& error) {
+        log().warn("workers.serial_driver_calls: {}", error.what());
+      }
+    }
     for (const std::string& notice : environment().notices) {
       log().warn("{}", notice);
       if (trace::enabled()) trace::Record(trace::Event::notice).add("message", notice).emit();
@@ -199,7 +225,11 @@ bool routing_on() {
   static std::atomic<int> state{-1};
   int s = state.load(std::memory_order_relaxed);
   if (s < 0) {
-    s = environment().on ? 1 : 0;
+    const Environment& e = environment();
+    // A malformed policy with on_error: abort stops the program at the first CUDA lookup or
+    // call, before any CUDA work (a runtime's first act is to look up the driver's functions).
+    if (!e.abort_message.empty()) stop(e.abort_message);
+    s = e.on ? 1 : 0;
     state.store(s, std::memory_order_relaxed);
   }
   return s == 1;
@@ -220,21 +250,41 @@ bool on() {
 }
 
 bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped) {
-  const Settings& settings = environment().settings;
-  if (bytes < settings.min_bytes) return false;
+  const Policy& policy = environment().policy;
+  if (bytes < policy.min_bytes) return false;
   Tables& t = tables();
   std::optional<CaptureTag> capture;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     if (auto live = current_capture_locked(t)) capture = (*live)->tag;
   }
-  if (settings.captured_only && !capture) return false;
+  if (policy.captured_only && !capture) return false;
   if (from_nccl(call.caller)) {
     *skipped = "nccl";
     return false;
   }
   const int device = current_device();
-  if (device < 0) return false;
+  if (device < 0 || (policy.device >= 0 && device != policy.device)) return false;
+  double callsite_us = -1;
+  if (!policy.include.empty() || !policy.exclude.empty()) {
+    const uint64_t start_ns = trace::now_ns();
+    std::string error;
+    const std::vector<Frame> stack = call_stack(48, &error);
+    callsite_us = trace::us_since(start_ns);
+    if (stack.empty()) {
+      warn_slot_failure("cannot walk the stack for selection.include/exclude: " + error);
+      *skipped = "callsite";
+      return false;
+    }
+    if (!policy.include.empty() && !stack_matches(stack, policy.include)) {
+      *skipped = "include";
+      return false;
+    }
+    if (stack_matches(stack, policy.exclude)) {
+      *skipped = "exclude";
+      return false;
+    }
+  }
   Slot* slot = nullptr;
   try {
     slot = engine().create_slot(device, bytes, /*intercepted=*/true);
@@ -257,7 +307,9 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
     auto r = record(trace::Event::alloc, call);
     r.hex("va", slot->va).add("bytes", static_cast<uint64_t>(bytes)).add("device", device);
     if (capture) r.add("capture", capture->sequence);
-    r.add("selected", true).add("slot", slot->id).emit();
+    r.add("selected", true).add("slot", slot->id);
+    if (callsite_us >= 0) r.add("callsite_us", callsite_us);
+    r.emit();
   }
   *va = slot->va;
   return true;

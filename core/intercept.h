@@ -2,7 +2,7 @@
 // (runtime or driver, legacy or per-thread stream) into these calls, with driver types only; the
 // decisions are made here.
 //
-// Allocation: an allocation the settings select becomes a slot (engine.h) at a fixed VA; every
+// Allocation: an allocation the policy selects becomes a slot (engine.h) at a fixed VA; every
 // other one goes to the real function. All of them enter the region registry with the capture
 // they were made in. Capture, instantiate, launch and destroy calls keep the capture and graph
 // tables right and go to the trace.
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "policy.h"
 #include "registry.h"
-#include "settings.h"
 
 namespace vaswap::intercept {
 
@@ -33,16 +33,19 @@ struct Call {
   const void* caller;
 };
 
-// True when the preload acts on calls. Decided once, from the environment (config/settings.h):
-// false with VASWAP_CONF mode=off, in secure-execution mode (AT_SECURE), or when VASWAP_CONF is
-// malformed. While false, every hook forwards at once and lookups are not rerouted.
-// What the environment asks for. In secure-execution mode (`secure`: AT_SECURE, a setuid or
-// capability-raising exec) nothing is read and the preload is off, as glibc ignores LD_* there.
-// `notices` are said once, at the first hooked call (or at once, when the preload is off).
+// True when the preload acts on calls. Decided once, from the environment: false with mode off,
+// in secure-execution mode (AT_SECURE), or when the policy is malformed and on_error is
+// passthrough. While false, every hook forwards at once and lookups are not rerouted.
+// What the environment asks for: the policy (VASWAP_POLICY, then VASWAP_CONF; config/policy.h).
+// In secure-execution mode (`secure`: AT_SECURE, a setuid or capability-raising exec) nothing is
+// read and the preload is off, as glibc ignores LD_* there. `notices` are said once, at the first
+// hooked call (or at once, when the preload is off). A malformed policy with on_error: abort sets
+// `abort_message`: the first hooked call prints it and ends the process.
 struct Environment {
   bool on = false;
-  Settings settings;
+  Policy policy;
   std::vector<std::string> notices;
+  std::string abort_message;
 };
 Environment read_environment(bool secure, const std::function<const char*(const char*)>& variable);
 
@@ -56,9 +59,9 @@ bool routing_on();
 // Allocation
 // ---------------------------------------------------------------------------------------------
 
-// Backs the allocation with a slot when the settings select it. Returns true and sets `va` when
+// Backs the allocation with a slot when the policy selects it. Returns true and sets `va` when
 // it did; false means the caller makes the real allocation and reports it with `allocated`,
-// passing on `skipped` (set when a guard, rather than the settings, kept it from being a slot).
+// passing on `skipped` (set when a guard, rather than the policy, kept it from being a slot).
 bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped);
 // A real allocation succeeded. `stream` is the stream of a stream-ordered allocation, or null.
 void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,

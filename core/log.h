@@ -10,4 +10,8 @@ namespace vaswap {
 // off) sets the level; the default is warn.
 spdlog::logger& log();
 
+// Applies the policy's log.level and log.destination ("stderr", "stdout" or a file path, with
+// %p/%r/%h). VASWAP_LOG_LEVEL, when set, wins over `level`. Called once, at start.
+void configure_log(const std::string& level, const std::string& destination);
+
 }  // namespace vaswap

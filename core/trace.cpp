@@ -39,18 +39,37 @@ Writer& writer() {
   return *w;
 }
 
+}  // namespace
+
 std::string expand_path(const std::string& path) {
   std::string out;
   for (size_t i = 0; i < path.size(); ++i) {
-    if (path[i] == '%' && i + 1 < path.size() && path[i + 1] == 'p') {
-      out += std::to_string(::getpid());
-      ++i;
-    } else {
+    const char next = i + 1 < path.size() ? path[i + 1] : '\0';
+    if (path[i] != '%' || std::string("prh%").find(next) == std::string::npos || next == '\0') {
       out += path[i];
+      continue;
+    }
+    ++i;
+    if (next == 'p') {
+      out += std::to_string(::getpid());
+    } else if (next == 'r') {  // the launcher's rank: torchrun, MPI and Slurm name it so
+      const char* rank = nullptr;
+      for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        if ((rank = std::getenv(name)) != nullptr) break;
+      }
+      out += rank != nullptr ? rank : "0";
+    } else if (next == 'h') {
+      char host[256] = "";
+      gethostname(host, sizeof host - 1);
+      out += host;
+    } else {
+      out += '%';
     }
   }
   return out;
 }
+
+namespace {
 
 void append_escaped(fmt::memory_buffer& out, const std::string& value) {
   for (const char c : value) {
@@ -129,13 +148,17 @@ bool open(const std::string& path, std::string* error) {
   return true;
 }
 
-void open_from_environment() {
+void open_from_environment(const std::string& policy_path) {
   static std::once_flag once;
-  std::call_once(once, [] {
-    const char* path = std::getenv("VASWAP_TRACE");
-    if (path == nullptr || *path == '\0' || enabled()) return;
+  std::call_once(once, [&] {
+    const char* env = std::getenv("VASWAP_TRACE");
+    const bool from_env = env != nullptr && *env != '\0';
+    const std::string path = from_env ? env : policy_path;
+    if (path.empty() || enabled()) return;
     std::string error;
-    if (!open(path, &error)) log().error("{} (from VASWAP_TRACE); tracing is off", error);
+    if (!open(path, &error)) {
+      log().error("{} (from {}); tracing is off", error, from_env ? "VASWAP_TRACE" : "trace.path");
+    }
   });
 }
 

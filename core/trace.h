@@ -36,8 +36,13 @@ bool enabled();
 // Opens `path` ("%p" becomes the pid), replacing an open trace. Returns false and fills `error`
 // when the file cannot be created.
 bool open(const std::string& path, std::string* error);
-// Opens the trace named by VASWAP_TRACE, once per process; later calls do nothing.
-void open_from_environment();
+// Opens the trace named by VASWAP_TRACE, or else `policy_path` (the policy's trace.path), once per
+// process; later calls do nothing.
+void open_from_environment(const std::string& policy_path = "");
+
+// "%p" becomes the pid, "%r" the rank (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID;
+// 0 when none is set), "%h" the host name, "%%" a percent sign.
+std::string expand_path(const std::string& path);
 // Writes trace_end and everything queued, then closes the file.
 void close();
 

@@ -1,5 +1,6 @@
 // The public C API (include/vaswap/vaswap.h): handle checks and error translation around core/.
 // Every entry point catches everything: no C++ exception crosses into the caller.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -9,6 +10,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "intercept.h"
+#include "policy.h"
 #include "trace.h"
 #include "vaswap/vaswap.h"
 
@@ -364,5 +366,55 @@ VASWAP_API vaswap_status vaswap_slot_find(const void* address, vaswap_slot* slot
                        : " (the preload has not seen an allocation there)"));
     }
     *slot = static_cast<vaswap_slot>(region->slot);
+  });
+}
+
+namespace {
+
+void copy_text(const std::string& from, char* text, size_t text_bytes) {
+  const size_t n = std::min(from.size(), text_bytes - 1);
+  std::memcpy(text, from.data(), n);
+  text[n] = '\0';
+}
+
+}  // namespace
+
+VASWAP_API vaswap_status vaswap_policy_check(const char* file, const char* conf, char* text,
+                                             size_t text_bytes, int* errors) {
+  return guarded([&] {
+    require(text, "vaswap_policy_check", "text");
+    require(errors, "vaswap_policy_check", "errors");
+    if (text_bytes == 0)
+      fail(VASWAP_ERROR_INVALID_ARGUMENT, "vaswap_policy_check: text_bytes is 0");
+    const vaswap::PolicyLoad load =
+        vaswap::load_policy(file != nullptr ? file : "", conf != nullptr ? conf : "");
+    std::string out;
+    if (load.ok()) {
+      out = vaswap::explain(load);
+    } else {
+      for (const std::string& e : load.errors) out += e + "\n";
+    }
+    *errors = static_cast<int>(load.errors.size());
+    copy_text(out, text, text_bytes);
+  });
+}
+
+VASWAP_API vaswap_status vaswap_policy_schema(char* text, size_t text_bytes) {
+  return guarded([&] {
+    require(text, "vaswap_policy_schema", "text");
+    if (text_bytes == 0)
+      fail(VASWAP_ERROR_INVALID_ARGUMENT, "vaswap_policy_schema: text_bytes is 0");
+    std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+    auto cell = [](std::string value) {  // a | inside a cell would end it
+      for (size_t i = value.find('|'); i != std::string::npos; i = value.find('|', i + 2)) {
+        value.replace(i, 1, "\\|");
+      }
+      return value;
+    };
+    for (const vaswap::KeyDoc& k : vaswap::schema_docs()) {
+      out += "| `" + k.key + "` | " + cell(k.type) + " | " + cell(k.default_value) + " | " +
+             cell(k.meaning) + " |\n";
+    }
+    copy_text(out, text, text_bytes);
   });
 }
