@@ -503,13 +503,11 @@ std::vector<PolicyValue> conf_values(const std::string& text, std::vector<std::s
   return values;
 }
 
-std::vector<PolicyValue> file_values(const std::string& file, std::vector<std::string>* errors) {
-  std::vector<YamlScalar> scalars;
-  std::string error;
-  if (!read_yaml_file(file, &scalars, &error)) {
-    errors->push_back(error);
-    return {};
-  }
+namespace {
+
+std::vector<PolicyValue> scalar_values(const std::string& file,
+                                       const std::vector<YamlScalar>& scalars,
+                                       std::vector<std::string>* errors) {
   std::vector<PolicyValue> values;
   std::map<std::string, size_t> lists;  // list key -> index of its joined value
   std::set<std::string> seen;
@@ -541,6 +539,29 @@ std::vector<PolicyValue> file_values(const std::string& file, std::vector<std::s
     values.push_back({s.path, s.value, where});
   }
   return values;
+}
+
+}  // namespace
+
+std::vector<PolicyValue> file_values(const std::string& file, std::vector<std::string>* errors) {
+  std::vector<YamlScalar> scalars;
+  std::string error;
+  if (!read_yaml_file(file, &scalars, &error)) {
+    errors->push_back(error);
+    return {};
+  }
+  return scalar_values(file, scalars, errors);
+}
+
+std::vector<PolicyValue> text_values(const std::string& text, const std::string& name,
+                                     std::vector<std::string>* errors) {
+  std::vector<YamlScalar> scalars;
+  std::string error;
+  if (!read_yaml_text(text, name, &scalars, &error)) {
+    errors->push_back(error);
+    return {};
+  }
+  return scalar_values(name, scalars, errors);
 }
 
 void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {

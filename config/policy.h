@@ -80,6 +80,9 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load);
 std::vector<PolicyValue> conf_values(const std::string& text, std::vector<std::string>* errors);
 // Reads the YAML file into values (the YAML parser lives in libvaswap_yaml.so).
 std::vector<PolicyValue> file_values(const std::string& file, std::vector<std::string>* errors);
+// The same for a YAML document in memory; `name` stands for the file in messages.
+std::vector<PolicyValue> text_values(const std::string& text, const std::string& name,
+                                     std::vector<std::string>* errors);
 // Defaults, then `file` (if not empty), then `conf`.
 PolicyLoad load_policy(const std::string& file, const std::string& conf);
 

@@ -11,6 +11,7 @@ namespace {
 
 struct YamlHelper {
   decltype(&vaswap_yaml_visit_file) visit_file = nullptr;
+  decltype(&vaswap_yaml_visit_string) visit_string = nullptr;
   std::string error;
 };
 
@@ -22,12 +23,34 @@ const YamlHelper& helper() {
     if (library != nullptr) {
       h.visit_file = reinterpret_cast<decltype(h.visit_file)>(
           private_symbol(library, "vaswap_yaml_visit_file", &h.error));
+      h.visit_string = reinterpret_cast<decltype(h.visit_string)>(
+          private_symbol(library, "vaswap_yaml_visit_string", &h.error));
     }
   });
   return h;
 }
 
+void collect(void* ctx, const char* path, const char* value, int line, int column) {
+  static_cast<std::vector<YamlScalar>*>(ctx)->push_back(YamlScalar{path, value, line, column});
+}
+
 }  // namespace
+
+bool read_yaml_text(const std::string& text, const std::string& name, std::vector<YamlScalar>* out,
+                    std::string* error) {
+  const YamlHelper& h = helper();
+  if (h.visit_string == nullptr) {
+    *error = h.error;
+    return false;
+  }
+  char message[1024] = {};
+  if (h.visit_string(text.data(), text.size(), name.c_str(), collect, out, message,
+                     sizeof(message)) != 0) {
+    *error = message;
+    return false;
+  }
+  return true;
+}
 
 bool read_yaml_file(const std::string& file, std::vector<YamlScalar>* out, std::string* error) {
   const YamlHelper& h = helper();
@@ -36,10 +59,7 @@ bool read_yaml_file(const std::string& file, std::vector<YamlScalar>* out, std::
     return false;
   }
   char message[1024] = {};
-  auto visit = [](void* ctx, const char* path, const char* value, int line, int column) {
-    static_cast<std::vector<YamlScalar>*>(ctx)->push_back(YamlScalar{path, value, line, column});
-  };
-  if (h.visit_file(file.c_str(), visit, out, message, sizeof(message)) != 0) {
+  if (h.visit_file(file.c_str(), collect, out, message, sizeof(message)) != 0) {
     *error = message;
     return false;
   }

@@ -16,5 +16,8 @@ struct YamlScalar {
 
 // Reads `file`. On failure returns false and sets `error` to "file:line:column: what".
 bool read_yaml_file(const std::string& file, std::vector<YamlScalar>* out, std::string* error);
+// The same for a document in memory; `name` stands for the file in messages.
+bool read_yaml_text(const std::string& text, const std::string& name, std::vector<YamlScalar>* out,
+                    std::string* error);
 
 }  // namespace vaswap

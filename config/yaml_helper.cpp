@@ -33,23 +33,38 @@ void walk(const YAML::Node& node, const std::string& path, vaswap_yaml_visit_fn 
   }
 }
 
-}  // namespace
-
-extern "C" __attribute__((visibility("default"))) int vaswap_yaml_visit_file(
-    const char* file, vaswap_yaml_visit_fn visit, void* context, char* error, size_t error_bytes) {
+template <class Load>
+int visit_document(const char* name, Load load, vaswap_yaml_visit_fn visit, void* context,
+                   char* error, size_t error_bytes) {
   try {
-    const YAML::Node root = YAML::LoadFile(file);
+    const YAML::Node root = load();
     walk(root, "", visit, context);
     return 0;
   } catch (const YAML::Exception& e) {
     if (error != nullptr && error_bytes > 0) {
       if (e.mark.is_null()) {
-        std::snprintf(error, error_bytes, "%s: %s", file, e.msg.c_str());
+        std::snprintf(error, error_bytes, "%s: %s", name, e.msg.c_str());
       } else {
-        std::snprintf(error, error_bytes, "%s:%d:%d: %s", file, e.mark.line + 1, e.mark.column + 1,
+        std::snprintf(error, error_bytes, "%s:%d:%d: %s", name, e.mark.line + 1, e.mark.column + 1,
                       e.msg.c_str());
       }
     }
     return -1;
   }
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int vaswap_yaml_visit_file(
+    const char* file, vaswap_yaml_visit_fn visit, void* context, char* error, size_t error_bytes) {
+  return visit_document(
+      file, [&] { return YAML::LoadFile(file); }, visit, context, error, error_bytes);
+}
+
+extern "C" __attribute__((visibility("default"))) int vaswap_yaml_visit_string(
+    const char* text, size_t size, const char* name, vaswap_yaml_visit_fn visit, void* context,
+    char* error, size_t error_bytes) {
+  return visit_document(
+      name, [&] { return YAML::Load(std::string(text, size)); }, visit, context, error,
+      error_bytes);
 }

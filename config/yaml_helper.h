@@ -17,6 +17,11 @@ typedef void (*vaswap_yaml_visit_fn)(void* context, const char* path, const char
 int vaswap_yaml_visit_file(const char* file, vaswap_yaml_visit_fn visit, void* context, char* error,
                            size_t error_bytes);
 
+/* The same for a document in memory; `name` stands for the file in messages. */
+int vaswap_yaml_visit_string(const char* text, size_t size, const char* name,
+                             vaswap_yaml_visit_fn visit, void* context, char* error,
+                             size_t error_bytes);
+
 #ifdef __cplusplus
 }
 #endif

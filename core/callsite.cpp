@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "private_library.h"
 #include "unwind_helper.h"
@@ -44,6 +45,19 @@ std::string demangle(const char* name) {
   return out;
 }
 
+Frame name_frame(const Unwinder& u, uintptr_t ip) {
+  Frame frame;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(ip), &info) != 0 && info.dli_fname != nullptr) {
+    const char* slash = std::strrchr(info.dli_fname, '/');
+    frame.object = slash != nullptr ? slash + 1 : info.dli_fname;
+  }
+  char name[512];
+  uintptr_t offset = 0;
+  if (u.procedure(ip, name, sizeof name, &offset) == 0) frame.function = demangle(name);
+  return frame;
+}
+
 }  // namespace
 
 std::vector<Frame> call_stack(int max_frames, std::string* error) {
@@ -52,21 +66,29 @@ std::vector<Frame> call_stack(int max_frames, std::string* error) {
     if (error != nullptr) *error = u.error;
     return {};
   }
+  // Naming a frame reads the object's symbol table (about 60 us a frame); the walk itself is
+  // cheap. Allocations come from a handful of call sites, so names are kept by address.
+  static std::mutex names_mutex;
+  static auto* names = new std::unordered_map<uintptr_t, Frame>;  // never freed: used until exit
   std::vector<uintptr_t> ips(static_cast<size_t>(max_frames) + 1);
   const int n = u.backtrace(ips.data(), max_frames + 1);
   std::vector<Frame> stack;
   for (int i = 1; i < n; ++i) {  // frame 0 is this function
-    Frame frame;
     // A return address points after the call; look up the byte before it.
     const uintptr_t ip = ips[static_cast<size_t>(i)] - 1;
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(ip), &info) != 0 && info.dli_fname != nullptr) {
-      const char* slash = std::strrchr(info.dli_fname, '/');
-      frame.object = slash != nullptr ? slash + 1 : info.dli_fname;
+    {
+      std::lock_guard<std::mutex> lock(names_mutex);
+      auto it = names->find(ip);
+      if (it != names->end()) {
+        stack.push_back(it->second);
+        continue;
+      }
     }
-    char name[512];
-    uintptr_t offset = 0;
-    if (u.procedure(ip, name, sizeof name, &offset) == 0) frame.function = demangle(name);
+    Frame frame = name_frame(u, ip);
+    {
+      std::lock_guard<std::mutex> lock(names_mutex);
+      names->emplace(ip, frame);
+    }
     stack.push_back(std::move(frame));
   }
   return stack;

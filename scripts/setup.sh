@@ -12,6 +12,7 @@ packages=(
   libyaml-cpp-dev                        # policy files, reached only through libvaswap_yaml.so
   libunwind-dev                          # call sites, reached only through libvaswap_unwind.so
   clang-format clang-tidy                # style gates run by CI
+  clang                                  # the policy fuzzer (libFuzzer)
   binutils                               # nm/readelf for the export-hygiene test
   python3 python3-pytest                 # the Python binding's tests
 )

@@ -211,8 +211,8 @@ vaswap_status vaswap_get_stats(vaswap_stats* stats);
  * line per key, or every error, one per line, into `text` (truncated to `text_bytes`, always
  * NUL-terminated), and the number of errors into `errors`. Returns VASWAP_OK even when the policy
  * has errors; a bad argument gives VASWAP_ERROR_INVALID_ARGUMENT. */
-vaswap_status vaswap_policy_check(const char* file, const char* conf, char* text,
-                                  size_t text_bytes, int* errors);
+vaswap_status vaswap_policy_check(const char* file, const char* conf, char* text, size_t text_bytes,
+                                  int* errors);
 
 /* The policy's keys as the Markdown table docs/POLICY.md holds, in `text`. */
 vaswap_status vaswap_policy_schema(char* text, size_t text_bytes);
