@@ -29,7 +29,10 @@ namespace vaswap {
   X(cuEventDestroy, 4000) X(cuEventRecord, 2000) X(cuEventQuery, 2000)                            \
   X(cuEventSynchronize, 2000) X(cuEventElapsedTime, 12080)                                        \
   X(cuThreadExchangeStreamCaptureMode, 10010) X(cuGetErrorName, 6000)                          \
-  X(cuStreamGetCaptureInfo, 12030)
+  X(cuStreamGetCaptureInfo, 12030) X(cuGraphGetNodes, 10000) X(cuGraphNodeGetType, 10000)           \
+  X(cuGraphKernelNodeGetParams, 12000) X(cuFuncGetParamInfo, 12040)                               \
+  X(cuGraphMemcpyNodeGetParams, 10000) X(cuGraphMemsetNodeGetParams, 10000)                        \
+  X(cuGraphChildGraphNodeGetGraph, 10000)
 // clang-format on
 
 struct Driver {

@@ -18,6 +18,7 @@
 #include "driver.h"
 #include "engine.h"
 #include "errors.h"
+#include "graph_scan.h"
 #include "log.h"
 #include "policy.h"
 #include "trace.h"
@@ -123,6 +124,7 @@ struct LiveCapture {
 struct GraphFacts {
   uint64_t capture = 0;  // the capture that made the graph
   uint64_t allocations = 0, slots = 0;
+  std::vector<uintptr_t> regions;  // bases of the registered regions its nodes reference
 };
 
 struct Tables {
@@ -428,9 +430,18 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
       ended = it->second;
       t.captures.erase(it);
     }
-    if (ended && result == CUDA_SUCCESS && graph != nullptr) {
-      t.graphs[graph] = {ended->tag.sequence, ended->allocations, ended->slots};
-    }
+  }
+  // The graph is scanned once, here, for the regions it references (graph_scan.h).
+  std::optional<GraphScan> scan;
+  const Driver* driver = load_driver(nullptr);
+  if (result == CUDA_SUCCESS && graph != nullptr && driver != nullptr) {
+    scan = scan_graph(*driver, graph, t.registry);
+  }
+  if (ended && scan) {
+    GraphFacts facts{ended->tag.sequence, ended->allocations, ended->slots, {}};
+    for (const Region& region : scan->regions) facts.regions.push_back(region.base);
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.graphs[graph] = std::move(facts);
   }
   if (!trace::enabled()) return;
   auto r = record(trace::Event::capture_end, call);
@@ -444,6 +455,27 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
         .add("dur_us", trace::us_since(ended->begin_ns));
   }
   r.emit();
+  if (!scan) return;
+  uint64_t slot_regions = 0, bytes = 0;
+  for (const Region& region : scan->regions) {
+    if (region.kind == RegionKind::slot) ++slot_regions;
+    bytes += region.bytes;
+  }
+  trace::Record(trace::Event::graph_scan)
+      .hex("graph", reinterpret_cast<uintptr_t>(graph))
+      .add("capture", ended ? ended->tag.sequence : 0)
+      .add("nodes", scan->nodes)
+      .add("kernel_nodes", scan->kernel_nodes)
+      .add("extra_buffers", scan->extra_buffers)
+      .add("memcpy_nodes", scan->memcpy_nodes)
+      .add("memset_nodes", scan->memset_nodes)
+      .add("child_graphs", scan->child_graphs)
+      .add("unscanned_nodes", scan->unscanned_nodes)
+      .add("regions", static_cast<uint64_t>(scan->regions.size()))
+      .add("slot_regions", slot_regions)
+      .add("region_bytes", bytes)
+      .add("dur_us", scan->dur_us)
+      .emit();
 }
 
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now) {

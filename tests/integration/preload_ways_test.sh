@@ -61,8 +61,15 @@ assert end["slots"] == 1 and end["allocations"] == 1, f"{way}: capture_end {end}
 inst = next(e for e in hooked if e["ev"] == "graph_instantiate")
 assert inst["capture"] == begin["capture"] and inst["graph"] == end["graph"], f"{way}: {inst}"
 assert all(e["exec"] == inst["exec"] for e in hooked if e["ev"] == "graph_launch")
+scans = [e for e in events if e["ev"] == "graph_scan"]
+assert len(scans) == 1, f"{way}: {len(scans)} graph scans"
+scan = scans[0]
+# The graph: a memset of B and a copy from A into B. Both regions, B the slot.
+assert (scan["graph"], scan["capture"]) == (end["graph"], begin["capture"]), f"{way}: {scan}"
+assert (scan["nodes"], scan["memset_nodes"], scan["memcpy_nodes"], scan["kernel_nodes"]) == (2, 1, 1, 0), scan
+assert (scan["regions"], scan["slot_regions"], scan["region_bytes"]) == (2, 1, 9 << 20), scan
 slot_events = collections.Counter(e["ev"] for e in events if "call" not in e)
-for ev in ("slot_create", "release", "remap", "slot_destroy"):
+for ev in ("slot_create", "release", "remap", "slot_destroy", "graph_scan"):
     assert slot_events[ev] == 1, f"{way}: {slot_events[ev]} {ev} events"
 print(f"ok   {way}: {len(hooked)} hooked calls traced once each at the {api} level")
 PY

@@ -1,0 +1,148 @@
+#include "graph_scan.h"
+
+#include <cstring>
+#include <map>
+
+#include "trace.h"
+
+namespace vaswap {
+
+namespace {
+
+class Scanner {
+ public:
+  Scanner(const Driver& driver, const RegionRegistry& registry)
+      : driver_(driver), registry_(registry) {}
+
+  void graph(CUgraph graph, int depth) {
+    size_t count = 0;
+    if (driver_.cuGraphGetNodes(graph, nullptr, &count) != CUDA_SUCCESS) return;
+    std::vector<CUgraphNode> nodes(count);
+    if (count > 0 && driver_.cuGraphGetNodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return;
+    for (CUgraphNode node : nodes) this->node(node, depth);
+  }
+
+  GraphScan result;
+  std::map<uintptr_t, Region> found;
+
+ private:
+  void node(CUgraphNode node, int depth) {
+    ++result.nodes;
+    CUgraphNodeType type{};
+    if (driver_.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS) {
+      ++result.unscanned_nodes;
+      return;
+    }
+    switch (type) {
+      case CU_GRAPH_NODE_TYPE_KERNEL: kernel(node); break;
+      case CU_GRAPH_NODE_TYPE_MEMCPY: memcpy_node(node); break;
+      case CU_GRAPH_NODE_TYPE_MEMSET: memset_node(node); break;
+      case CU_GRAPH_NODE_TYPE_GRAPH: {
+        CUgraph child = nullptr;
+        if (depth < 16 && driver_.cuGraphChildGraphNodeGetGraph(node, &child) == CUDA_SUCCESS) {
+          ++result.child_graphs;
+          graph(child, depth + 1);
+        } else {
+          ++result.unscanned_nodes;
+        }
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_EMPTY:
+      case CU_GRAPH_NODE_TYPE_HOST:
+      case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+      case CU_GRAPH_NODE_TYPE_EVENT_RECORD: break;  // no device memory of the program's
+      default: ++result.unscanned_nodes; break;     // conditional bodies, mem alloc/free nodes
+    }
+  }
+
+  void address(uint64_t value) {
+    if (value == 0) return;
+    if (auto region = registry_.find(static_cast<uintptr_t>(value))) {
+      found.emplace(region->base, *region);
+    }
+  }
+
+  // Every 8-byte-aligned word of `bytes` bytes at `data`.
+  void words(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t at = 0; at + sizeof(uint64_t) <= bytes; at += sizeof(uint64_t)) {
+      uint64_t word = 0;
+      std::memcpy(&word, p + at, sizeof word);
+      address(word);
+    }
+  }
+
+  void kernel(CUgraphNode node) {
+    CUDA_KERNEL_NODE_PARAMS params{};
+    if (driver_.cuGraphKernelNodeGetParams(node, &params) != CUDA_SUCCESS) {
+      ++result.unscanned_nodes;
+      return;
+    }
+    ++result.kernel_nodes;
+    if (params.extra != nullptr) {
+      const void* buffer = nullptr;
+      size_t size = 0;
+      for (size_t i = 0; params.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (params.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = params.extra[i + 1];
+        if (params.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+          size = *static_cast<const size_t*>(params.extra[i + 1]);
+        }
+      }
+      if (buffer != nullptr) {
+        ++result.extra_buffers;
+        words(buffer, size);
+      }
+      return;
+    }
+    if (params.kernelParams == nullptr) return;
+    if (params.func == nullptr) {  // a CUkernel launch: no parameter layout to read
+      ++result.unscanned_nodes;
+      return;
+    }
+    for (size_t i = 0;; ++i) {
+      size_t offset = 0, size = 0;
+      if (driver_.cuFuncGetParamInfo(params.func, i, &offset, &size) != CUDA_SUCCESS) break;
+      words(params.kernelParams[i], size);
+    }
+  }
+
+  void memcpy_node(CUgraphNode node) {
+    CUDA_MEMCPY3D copy{};
+    if (driver_.cuGraphMemcpyNodeGetParams(node, &copy) != CUDA_SUCCESS) {
+      ++result.unscanned_nodes;
+      return;
+    }
+    ++result.memcpy_nodes;
+    auto device_side = [](CUmemorytype type) {
+      return type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED;
+    };
+    if (device_side(copy.srcMemoryType)) address(copy.srcDevice);
+    if (device_side(copy.dstMemoryType)) address(copy.dstDevice);
+  }
+
+  void memset_node(CUgraphNode node) {
+    CUDA_MEMSET_NODE_PARAMS set{};
+    if (driver_.cuGraphMemsetNodeGetParams(node, &set) != CUDA_SUCCESS) {
+      ++result.unscanned_nodes;
+      return;
+    }
+    ++result.memset_nodes;
+    address(set.dst);
+  }
+
+  const Driver& driver_;
+  const RegionRegistry& registry_;
+};
+
+}  // namespace
+
+GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& registry) {
+  const uint64_t start = trace::now_ns();
+  Scanner scanner(driver, registry);
+  scanner.graph(graph, 0);
+  for (auto& entry : scanner.found) scanner.result.regions.push_back(entry.second);
+  scanner.result.dur_us = trace::us_since(start);
+  return scanner.result;
+}
+
+}  // namespace vaswap
