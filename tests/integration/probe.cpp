@@ -60,6 +60,8 @@ struct Cuda {
   virtual uintptr_t alloc_captured(size_t bytes) { return alloc(bytes); }
   virtual void reset() { die("reset is only probed through the runtime", 0); }
   virtual void free(uintptr_t p) = 0;
+  virtual uintptr_t alloc_async(size_t bytes, void* stream) = 0;  // stream-ordered
+  virtual void free_async(uintptr_t p, void* stream) = 0;
   virtual void begin_capture(void* stream) = 0;
   virtual void relaxed(bool on) = 0;  // the thread's capture mode, around a captured allocation
   virtual void* end_capture(void* stream) = 0;
@@ -100,6 +102,14 @@ struct Way : Cuda {
     return reinterpret_cast<uintptr_t>(p);
   }
   void free(uintptr_t p) override { CHECK(cudaFree(reinterpret_cast<void*>(p))); }
+  uintptr_t alloc_async(size_t bytes, void* s) override {
+    void* p = nullptr;
+    CHECK(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(s)));
+    return reinterpret_cast<uintptr_t>(p);
+  }
+  void free_async(uintptr_t p, void* s) override {
+    CHECK(cudaFreeAsync(reinterpret_cast<void*>(p), static_cast<cudaStream_t>(s)));
+  }
   void reset() override { CHECK(cudaDeviceReset()); }
   void begin_capture(void* s) override {
     CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeGlobal));
@@ -150,6 +160,8 @@ struct Way : Cuda {
   X(cuStreamCreate, "cuStreamCreate", 2000)                                        \
   X(cuMemAlloc, "cuMemAlloc_v2", 3020)                                             \
   X(cuMemFree, "cuMemFree_v2", 3020)                                               \
+  X(cuMemAllocAsync, "cuMemAllocAsync", 11020)                                     \
+  X(cuMemFreeAsync, "cuMemFreeAsync", 11020)                                       \
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", 10010)                        \
   X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010) \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000)                               \
@@ -218,6 +230,14 @@ struct Way : Cuda {
     return p;
   }
   void free(uintptr_t p) override { CHECK(d.cuMemFree(p)); }
+  uintptr_t alloc_async(size_t bytes, void* s) override {
+    CUdeviceptr p = 0;
+    CHECK(d.cuMemAllocAsync(&p, bytes, static_cast<CUstream>(s)));
+    return p;
+  }
+  void free_async(uintptr_t p, void* s) override {
+    CHECK(d.cuMemFreeAsync(p, static_cast<CUstream>(s)));
+  }
   void begin_capture(void* s) override {
     CHECK(d.cuStreamBeginCapture(static_cast<CUstream>(s), CU_STREAM_CAPTURE_MODE_GLOBAL));
   }
@@ -340,6 +360,12 @@ int main() {
   step("alloc A");
   const uintptr_t a = cuda.alloc(kA);
   ++allocs;
+  // A stream-ordered allocation: tracked, never a slot (its pool owns the memory).
+  const uintptr_t pooled = cuda.alloc_async(kB, stream);
+  ++allocs;
+  cuda.memset32(pooled, 0x11111111u, kB / 4, stream);
+  cuda.free_async(pooled, stream);
+  ++frees;
   cuda.memset32(a, 0x01020304u, kA / 4, stream);
 
   step("capture");
