@@ -100,4 +100,20 @@ std::string cuda_error_name(CUresult result) {
                            : "CUresult " + std::to_string(static_cast<int>(result));
 }
 
+bool kernel_param_info(const Driver& driver, CUfunction function, CUkernel kernel, size_t index,
+                       size_t* offset, size_t* bytes, CUresult* failure) {
+  CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+  if (function != nullptr) {
+    rc = driver.cuFuncGetParamInfo(function, index, offset, bytes);
+    if (rc == CUDA_SUCCESS) return true;
+  }
+  if (kernel == nullptr) kernel = reinterpret_cast<CUkernel>(function);
+  if (kernel != nullptr &&
+      driver.cuKernelGetParamInfo(kernel, index, offset, bytes) == CUDA_SUCCESS) {
+    return true;
+  }
+  if (failure != nullptr) *failure = rc;
+  return false;
+}
+
 }  // namespace vaswap

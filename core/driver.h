@@ -30,7 +30,7 @@ namespace vaswap {
   X(cuEventSynchronize, 2000) X(cuEventElapsedTime, 12080)                                        \
   X(cuThreadExchangeStreamCaptureMode, 10010) X(cuGetErrorName, 6000)                          \
   X(cuStreamGetCaptureInfo, 12030) X(cuGraphGetNodes, 10000) X(cuGraphNodeGetType, 10000)           \
-  X(cuGraphKernelNodeGetParams, 12000) X(cuFuncGetParamInfo, 12040)                               \
+  X(cuGraphKernelNodeGetParams, 12000) X(cuFuncGetParamInfo, 12040) X(cuKernelGetParamInfo, 12040)  \
   X(cuGraphMemcpyNodeGetParams, 10000) X(cuGraphMemsetNodeGetParams, 10000)                        \
   X(cuGraphChildGraphNodeGetGraph, 10000)
 // clang-format on
@@ -44,6 +44,13 @@ struct Driver {
 // The driver, loaded and initialized once. Returns nullptr when it cannot be, and then `error`
 // (if given) says why: no libcuda.so.1, a missing entry point, or cuInit's error.
 const Driver* load_driver(std::string* error);
+
+// A kernel parameter's offset and size: cuFuncGetParamInfo for a CUfunction, else
+// cuKernelGetParamInfo (library kernels, which are launched through CUkernel handles cast to
+// CUfunction, and graph nodes that name only a CUkernel). False past the last parameter, or when
+// the kernel has no layout to give; `failure` then holds cuFuncGetParamInfo's result.
+bool kernel_param_info(const Driver& driver, CUfunction function, CUkernel kernel, size_t index,
+                       size_t* offset, size_t* bytes, CUresult* failure = nullptr);
 
 // The driver's own cuGetProcAddress_v2, without initializing the driver (it works before cuInit).
 // nullptr when libcuda.so.1 cannot be loaded, and then `error` (if given) says why. Cheap after

@@ -95,14 +95,18 @@ class Scanner {
       return;
     }
     if (params.kernelParams == nullptr) return;
-    if (params.func == nullptr) {  // a CUkernel launch: no parameter layout to read
-      ++result.unscanned_nodes;
-      return;
-    }
-    for (size_t i = 0;; ++i) {
+    CUresult failure = CUDA_SUCCESS;
+    size_t i = 0;
+    for (;; ++i) {
       size_t offset = 0, size = 0;
-      if (driver_.cuFuncGetParamInfo(params.func, i, &offset, &size) != CUDA_SUCCESS) break;
+      if (!kernel_param_info(driver_, params.func, params.kern, i, &offset, &size, &failure)) break;
       words(params.kernelParams[i], size);
+    }
+    if (i == 0 && failure != CUDA_ERROR_INVALID_VALUE) {
+      // No layout at all (INVALID_VALUE at index 0 means a kernel without parameters): what this
+      // node references is unknown.
+      ++result.opaque_kernels;
+      if (result.opaque_error == CUDA_SUCCESS) result.opaque_error = failure;
     }
   }
 

@@ -23,6 +23,10 @@ struct GraphScan {
   std::vector<Region> regions;  // referenced regions, by base address, each once
   uint64_t nodes = 0, kernel_nodes = 0, extra_buffers = 0, memcpy_nodes = 0, memset_nodes = 0,
            child_graphs = 0, unscanned_nodes = 0;
+  // Kernel nodes whose parameter layout the driver would not give: their references are unknown,
+  // so the graph is opaque (the planner keeps every slot resident around it).
+  uint64_t opaque_kernels = 0;
+  CUresult opaque_error = CUDA_SUCCESS;
   double dur_us = 0;
 };
 

@@ -69,9 +69,7 @@ std::atomic<void*> g_real[kCount];         // the real functions, found on first
 std::atomic<bool> g_missing_said[kCount];  // a missing real function is reported once
 
 // A null answer is not cached: a libcudart loaded later can still provide the function.
-void* find_runtime_real(int index) {
-  const char* name = kEntries[index].symbol;
-  void* self = wrapper(index);
+void* find_runtime_symbol(const char* name, void* self) {
   void* fn = real_dlsym(RTLD_NEXT, name);
   if (fn != nullptr && fn != self) return fn;
   // RTLD_NEXT misses a libcudart that was loaded RTLD_LOCAL (as Python loads extension modules
@@ -84,6 +82,10 @@ void* find_runtime_real(int index) {
     if (fn != nullptr && fn != self) return fn;
   }
   return nullptr;
+}
+
+void* find_runtime_real(int index) {
+  return find_runtime_symbol(kEntries[index].symbol, wrapper(index));
 }
 
 void* find_driver_real(int index) {
@@ -357,7 +359,152 @@ struct Launch<R (*)(CUgraphExec, CUstream)> {
     if (!handle()) return real(exec, stream);
     Scope scope;
     intercept::launched(call, exec, stream);
-    return real(exec, stream);
+    const R rc = real(exec, stream);
+    if (rc == R{}) intercept::launch_returned(call, exec, stream);
+    return rc;
+  }
+};
+
+// =============================================================================================
+// Eager work
+// =============================================================================================
+
+// A runtime kernel's parameter layout, from libcudart's cudaFuncGetParamInfo (CUDA 12.4 and
+// later), or else through cudaGetFuncBySymbol and the driver's cuFuncGetParamInfo.
+bool runtime_param_info(const void* host_function, size_t index, size_t* offset, size_t* bytes) {
+  using ParamInfo = cudaError_t (*)(const void*, size_t, size_t*, size_t*);
+  using GetFunc = cudaError_t (*)(cudaFunction_t*, const void*);
+  static std::atomic<ParamInfo> param_info{nullptr};
+  static std::atomic<GetFunc> get_func{nullptr};
+  ParamInfo info = param_info.load(std::memory_order_acquire);
+  if (info == nullptr) {
+    info = reinterpret_cast<ParamInfo>(find_runtime_symbol("cudaFuncGetParamInfo", nullptr));
+    if (info != nullptr) param_info.store(info, std::memory_order_release);
+  }
+  if (info != nullptr) return info(host_function, index, offset, bytes) == cudaSuccess;
+  GetFunc get = get_func.load(std::memory_order_acquire);
+  if (get == nullptr) {
+    get = reinterpret_cast<GetFunc>(find_runtime_symbol("cudaGetFuncBySymbol", nullptr));
+    if (get == nullptr) return false;
+    get_func.store(get, std::memory_order_release);
+  }
+  cudaFunction_t function = nullptr;
+  return get(&function, host_function) == cudaSuccess &&
+         intercept::driver_param_info(function, index, offset, bytes);
+}
+
+template <class Fn>
+struct LaunchKernel;
+// cudaLaunchKernel[_ptsz]
+template <class R>
+struct LaunchKernel<R (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)> {
+  R (*real)(const void*, dim3, dim3, void**, size_t, cudaStream_t);
+  Call call;
+  R operator()(const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+               cudaStream_t stream) const {
+    if (!handle() || !intercept::eager_wanted())
+      return real(func, grid, block, args, shared, stream);
+    Scope scope;
+    intercept::eager_kernel(call, stream, {func, &runtime_param_info}, args, nullptr);
+    return real(func, grid, block, args, shared, stream);
+  }
+};
+// cudaLaunchKernelExC[_ptsz]
+template <class R>
+struct LaunchKernel<R (*)(const cudaLaunchConfig_t*, const void*, void**)> {
+  R (*real)(const cudaLaunchConfig_t*, const void*, void**);
+  Call call;
+  R operator()(const cudaLaunchConfig_t* config, const void* func, void** args) const {
+    if (!handle() || !intercept::eager_wanted() || config == nullptr) {
+      return real(config, func, args);
+    }
+    Scope scope;
+    intercept::eager_kernel(call, config->stream, {func, &runtime_param_info}, args, nullptr);
+    return real(config, func, args);
+  }
+};
+// cuLaunchKernel[_ptsz]
+template <class R>
+struct LaunchKernel<R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                          unsigned, CUstream, void**, void**)> {
+  using Fn = R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                   CUstream, void**, void**);
+  Fn real;
+  Call call;
+  R operator()(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+               unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) const {
+    if (!handle() || !intercept::eager_wanted()) {
+      return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    }
+    Scope scope;
+    intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
+    return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+  }
+};
+// cuLaunchKernelEx[_ptsz]
+template <class R>
+struct LaunchKernel<R (*)(const CUlaunchConfig*, CUfunction, void**, void**)> {
+  R (*real)(const CUlaunchConfig*, CUfunction, void**, void**);
+  Call call;
+  R operator()(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) const {
+    if (!handle() || !intercept::eager_wanted() || config == nullptr) {
+      return real(config, f, params, extra);
+    }
+    Scope scope;
+    intercept::eager_kernel(call, config->hStream, {f, &intercept::driver_param_info}, params,
+                            extra);
+    return real(config, f, params, extra);
+  }
+};
+
+// The stream of a copy or memset: its last argument when that is a stream; null (the default
+// stream, or the per-thread one for _ptds) for the synchronous forms.
+template <class... Rest>
+CUstream last_stream(Rest... rest) {
+  if constexpr (sizeof...(Rest) == 0) {
+    return nullptr;
+  } else {
+    using Last = std::tuple_element_t<sizeof...(Rest) - 1, std::tuple<Rest...>>;
+    if constexpr (std::is_same_v<Last, CUstream>) {
+      return std::get<sizeof...(Rest) - 1>(std::tie(rest...));
+    } else {
+      return nullptr;
+    }
+  }
+}
+
+inline uintptr_t address_of(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+inline uintptr_t address_of(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
+
+// Copies: (dst, src, bytes, [kind], [stream]). Host addresses are looked up too and find nothing.
+template <class Fn>
+struct Copy;
+template <class R, class D, class S, class... Rest>
+struct Copy<R (*)(D, S, size_t, Rest...)> {
+  R (*real)(D, S, size_t, Rest...);
+  Call call;
+  R operator()(D dst, S src, size_t bytes, Rest... rest) const {
+    if (!handle() || !intercept::eager_wanted()) return real(dst, src, bytes, rest...);
+    Scope scope;  // held through the real call: cudart's own copy is not handled again
+    const uintptr_t addresses[] = {address_of(dst), address_of(src)};
+    intercept::eager_access(call, last_stream(rest...), addresses, 2);
+    return real(dst, src, bytes, rest...);
+  }
+};
+
+// Memsets: (dst, value, count, [stream]).
+template <class Fn>
+struct Set;
+template <class R, class D, class V, class... Rest>
+struct Set<R (*)(D, V, size_t, Rest...)> {
+  R (*real)(D, V, size_t, Rest...);
+  Call call;
+  R operator()(D dst, V value, size_t count, Rest... rest) const {
+    if (!handle() || !intercept::eager_wanted()) return real(dst, value, count, rest...);
+    Scope scope;
+    const uintptr_t addresses[] = {address_of(dst)};
+    intercept::eager_access(call, last_stream(rest...), addresses, 1);
+    return real(dst, value, count, rest...);
   }
 };
 

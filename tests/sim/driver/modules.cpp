@@ -125,6 +125,12 @@ CUresult CUDAAPI cuFuncGetParamInfo(CUfunction hf, size_t index, size_t* offset,
   return CUDA_SUCCESS;
 }
 
+// The simulator has no library kernels: a CUkernel is never valid here.
+CUresult CUDAAPI cuKernelGetParamInfo(CUkernel, size_t, size_t*, size_t*) {
+  SIM_ENTER();
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
 CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction hf) {
   SIM_ENTER();
   Function* f = lookup_function(hf);

@@ -196,6 +196,7 @@ const Entry kEntries[] = {
     E("cuModuleUnload", 2000, cuModuleUnload),
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuFuncGetParamInfo", 12040, cuFuncGetParamInfo),
+    E("cuKernelGetParamInfo", 12040, cuKernelGetParamInfo),
     E("cuFuncGetName", 12030, cuFuncGetName),
     EP("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
     EP("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),

@@ -69,7 +69,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo)                         \
   X(cuThreadExchangeStreamCaptureMode) X(cuEventCreate) X(cuEventDestroy)                        \
   X(cuEventRecordWithFlags) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)          \
-  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx)               \
+  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel)            \
+  X(cuLaunchKernelEx)                                                                            \
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)                    \
   X(cuGraphKernelNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphInstantiateWithFlags)  \
   X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)
@@ -570,6 +571,23 @@ SIM_API cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, vo
   if (cudaError_t e = kernel_function(func, &f)) return note(e);
   return note(drv().cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                    static_cast<unsigned>(shared_bytes), cu(s), args, nullptr));
+}
+
+SIM_API cudaError_t cudaGetFuncBySymbol(cudaFunction_t* out, const void* func) {
+  RT_ENTER();
+  if (out == nullptr) return note(cudaErrorInvalidValue);
+  CUfunction f = nullptr;
+  if (cudaError_t e = kernel_function(func, &f)) return note(e);
+  *out = reinterpret_cast<cudaFunction_t>(f);
+  return cudaSuccess;
+}
+
+SIM_API cudaError_t cudaFuncGetParamInfo(const void* func, size_t index, size_t* offset,
+                                         size_t* bytes) {
+  RT_ENTER();
+  CUfunction f = nullptr;
+  if (cudaError_t e = kernel_function(func, &f)) return note(e);
+  return note(drv().cuFuncGetParamInfo(f, index, offset, bytes));
 }
 
 SIM_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
