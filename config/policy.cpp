@@ -237,7 +237,8 @@ const Key kSchema[] = {
    [](Policy& p, const std::string& v) { return parse_int(v, 1, 1000, &p.learning_steps); },
    [](const Policy& p) { return std::to_string(p.learning_steps); }},
   {"schedule.prefetch_distance", "integer 0..1000", "an integer from 0 to 1000", "1",
-   "Launches ahead of its next use that a region's restore is started.",
+   "Launches ahead of its next use that a region's restore is started, at least: further "
+   "ahead when the model says its map and copy need longer.",
    [](Policy& p, const std::string& v) { return parse_int(v, 0, 1000, &p.prefetch_distance); },
    [](const Policy& p) { return std::to_string(p.prefetch_distance); }},
   {"schedule.release_lag", "integer 0..1000", "an integer from 0 to 1000", "0",
@@ -262,7 +263,7 @@ const Key kSchema[] = {
    [](Policy& p, const std::string& v) { return parse_double(v, 1e-9, 10000, &p.d2h_gbps); },
    [](const Policy& p) { return show_double(p.d2h_gbps); }},
   {"schedule.remap_latency", "duration", "a duration such as 600us, 2ms or 1s", "600us",
-   "Time to map a region's pages again, for a given model.",
+   "Time to unmap a region's pages and map them again, for a given model.",
    [](Policy& p, const std::string& v) { return parse_duration(v, &p.remap_latency_ns); },
    [](const Policy& p) { return show_duration(p.remap_latency_ns); }},
   {"schedule.max_overhead", "percent 0..100", "a percentage from 0 to 100, such as 3 or 3%", "3%",
@@ -273,7 +274,7 @@ const Key kSchema[] = {
      return parse_double(t, 0, 100, &p.max_overhead_percent); },
    [](const Policy& p) { return show_double(p.max_overhead_percent) + "%"; }},
   {"schedule.byte_budget", "size", "a size such as 16MiB, 2GB or 4096", "0 (no limit)",
-   "At most this many bytes offloaded at once.",
+   "At most this much device memory offloaded at once, in the plan's model (whole pages).",
    [](Policy& p, const std::string& v) { return parse_size(v, &p.byte_budget); },
    [](const Policy& p) { return show_size(p.byte_budget); }},
   {"guard", "bool", "true or false", "true",
@@ -322,6 +323,12 @@ const Key kSchema[] = {
      p.trace_level = t;
      return true; },
    [](const Policy& p) { return p.trace_level; }},
+  {"trace.memory_interval", "duration", "a duration such as 600us, 2ms or 1s (0 turns it off)", "0 (off)",
+   "Sample the device's free memory (cuMemGetInfo) this often and trace each change.",
+   [](Policy& p, const std::string& v) {
+     if (trim(v) == "0") { p.memory_interval_ns = 0; return true; }
+     return parse_duration(v, &p.memory_interval_ns); },
+   [](const Policy& p) { return p.memory_interval_ns == 0 ? std::string("0") : show_duration(p.memory_interval_ns); }},
   {"log.level", "trace | debug | info | warn | error | off", "trace, debug, info, warn, error or off", "warn",
    "The log's level (VASWAP_LOG_LEVEL sets it too).",
    [](Policy& p, const std::string& v) {

@@ -53,6 +53,7 @@ struct Policy {
   // trace and log
   std::string trace_path;  // "" : no trace; %p pid, %r rank, %h host
   std::string trace_level = "events";
+  uint64_t memory_interval_ns = 0;  // 0: no cuMemGetInfo sampling
   std::string log_level = "warn";
   std::string log_destination = "stderr";
   std::vector<Rule> rules;

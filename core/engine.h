@@ -146,6 +146,7 @@ struct RemapBatch {
   bool destroying = false;
   int outstanding = 0;  // callbacks and jobs that still reference the batch
   uint64_t queued_ns = 0;
+  CUevent after = nullptr;  // remap_when: the copies wait for it on the copy stream (owned)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -173,6 +174,12 @@ class Engine {
   // Restore
   RemapBatch* remap_after(RemapKind kind, const std::vector<Slot*>& slots,
                           const std::vector<void*>& hosts, CUstream stream);
+  // A copy remap with no host callback: the worker maps the pages as soon as the slots' releases
+  // are done, and the H2D copies wait for `after` (may be null) on the copy stream. The batch
+  // takes ownership of `after`. For the planner: host callbacks of all streams run one at a
+  // time, so a remap point could wait behind another stream's release point.
+  RemapBatch* remap_when(const std::vector<Slot*>& slots, const std::vector<void*>& hosts,
+                         CUevent after);
   void launch_h2d(RemapBatch* batch, size_t index, CUstream stream);
   void wait_submitted(RemapBatch* batch, size_t index);
   void wait_on_stream(RemapBatch* batch, size_t index, CUstream stream);
@@ -183,6 +190,8 @@ class Engine {
   // Diagnostics and policy
   void memory_info(int device, size_t* free_bytes, size_t* total_bytes);
   void init_workers(int device);
+  // The device's primary context, retained by the engine for the life of the process.
+  CUcontext context(int ordinal) { return device(ordinal).context; }
   void set_serial_driver_calls(bool serial) { serial_.store(serial); }
   vaswap_stats stats();
   void* host_alloc(size_t bytes);
@@ -197,6 +206,8 @@ class Engine {
   struct CopiesDone;
   static void CUDA_CB on_release_point(void* job);
   static void CUDA_CB on_remap_point(void* batch);
+  RemapBatch* submit_remap(RemapKind kind, const std::vector<Slot*>& slots,
+                           const std::vector<void*>& hosts, CUstream stream, CUevent after);
 
   Device& device(int ordinal);
   Device& device_with_workers(int ordinal);

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "errors.h"
 #include "graph_scan.h"
 #include "log.h"
+#include "planner.h"
 #include "policy.h"
 #include "trace.h"
 
@@ -83,6 +85,8 @@ const Environment& environment() {
   _exit(1);
 }
 
+std::vector<Slot*> slots_of_capture(uint64_t ordinal);
+
 // First hooked call: open the trace and say what needs saying, once.
 void start() {
   static std::once_flag once;
@@ -91,6 +95,7 @@ void start() {
     if (!e.abort_message.empty()) stop(e.abort_message);
     configure_log(e.policy.log_level, e.policy.log_destination);
     trace::open_from_environment(e.policy.trace_path);
+    planner::configure(e.policy, &slots_of_capture);
     if (!e.policy.serial_driver_calls) {
       try {
         engine().set_serial_driver_calls(false);
@@ -116,6 +121,7 @@ uint64_t thread_id() {
 
 struct LiveCapture {
   CaptureTag tag;
+  uint64_t ordinal = 0;  // 1 for the process's first capture
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   uint64_t begin_ns = 0;
   uint64_t allocations = 0, bytes = 0, slots = 0;
@@ -123,16 +129,29 @@ struct LiveCapture {
 
 struct GraphFacts {
   uint64_t capture = 0;  // the capture that made the graph
+  uint64_t ordinal = 0;  // that capture's position among the process's captures
   uint64_t allocations = 0, slots = 0;
-  std::vector<uintptr_t> regions;  // bases of the registered regions its nodes reference
+  std::vector<uintptr_t> regions;   // bases of the registered regions its nodes reference
+  std::vector<Slot*> slot_regions;  // the slots among them
+  bool opaque = false;  // a kernel node whose parameters could not be read: it may use any slot
+};
+
+struct ExecFacts {
+  CUgraph graph = nullptr;
+  uint64_t ordinal = 0;
+  std::vector<Slot*> slots;  // what the planner makes resident before each launch
+  bool opaque = false;       // then every slot is
 };
 
 struct Tables {
   std::mutex mutex;  // guards the maps below; the registry has its own lock
   std::unordered_map<CUstream, LiveCapture> captures;  // live captures, by capturing stream
   std::unordered_map<CUgraph, GraphFacts> graphs;      // graphs that came from a capture
-  std::unordered_map<CUgraphExec, CUgraph> execs;
+  std::unordered_map<CUgraphExec, ExecFacts> execs;
   RegionRegistry registry;
+  // Kernel parameter layouts (offset, size), by function, for scanning eager launches.
+  std::mutex layouts_mutex;
+  std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> layouts;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
 };
@@ -207,6 +226,20 @@ void register_region(const Region& region) {
   if (!registry.insert(region, &error)) log().warn("cannot register a region: {}", error);
 }
 
+// A slot is about to be destroyed: no graph's facts and no plan may keep it.
+void forget_slot(Tables& t, Slot* slot) {
+  planner::forget(slot);
+  std::lock_guard<std::mutex> lock(t.mutex);
+  for (auto& [graph, facts] : t.graphs) {
+    auto& list = facts.slot_regions;
+    list.erase(std::remove(list.begin(), list.end(), slot), list.end());
+  }
+  for (auto& [exec, facts] : t.execs) {
+    auto& list = facts.slots;
+    list.erase(std::remove(list.begin(), list.end(), slot), list.end());
+  }
+}
+
 void warn_slot_failure(const std::string& why) {
   static std::atomic<uint64_t> failures{0};
   const uint64_t n = failures.fetch_add(1);
@@ -214,6 +247,26 @@ void warn_slot_failure(const std::string& why) {
     log().warn("could not back an allocation with a slot ({} so far; it was passed through): {}",
                n + 1, why);
   }
+}
+
+// The slots allocated during the process's N-th capture (rules mode names them so).
+std::vector<Slot*> slots_of_capture(uint64_t ordinal) {
+  std::vector<Slot*> slots;
+  for (const Region& region : tables().registry.overlapping(0, UINTPTR_MAX)) {
+    if (region.kind == RegionKind::slot && region.capture && region.capture->ordinal == ordinal) {
+      slots.push_back(static_cast<Slot*>(region.slot));
+    }
+  }
+  return slots;
+}
+
+// Every slot there is: what a launch that cannot be scanned may use.
+std::vector<Slot*> every_slot(const RegionRegistry& registry) {
+  std::vector<Slot*> slots;
+  for (const Region& region : registry.overlapping(0, UINTPTR_MAX)) {
+    if (region.kind == RegionKind::slot) slots.push_back(static_cast<Slot*>(region.slot));
+  }
+  return slots;
 }
 
 }  // namespace
@@ -354,6 +407,7 @@ std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va) {
   t.registry.erase(va);
   auto* slot = static_cast<Slot*>(region->slot);
   const uint64_t id = slot->id;
+  forget_slot(t, slot);
   CUresult result = CUDA_SUCCESS;
   try {
     engine().destroy_slot(slot);
@@ -394,6 +448,8 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   live.tag.stream = reinterpret_cast<uintptr_t>(stream);
   live.mode = mode;
   live.begin_ns = trace::now_ns();
+  live.ordinal = tables().captures_begun.load(std::memory_order_relaxed) + 1;
+  live.tag.ordinal = live.ordinal;
   if (const Driver* driver = load_driver(nullptr)) {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t id = 0;
@@ -409,6 +465,7 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   }
   tls_captures.push_back(stream);
   t.captures_begun.fetch_add(1, std::memory_order_relaxed);
+  planner::capture_begun();
   if (trace::enabled()) {
     auto r = record(trace::Event::capture_begin, call);
     r.hex("stream", stream_id(stream))
@@ -438,8 +495,14 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
     scan = scan_graph(*driver, graph, t.registry);
   }
   if (ended && scan) {
-    GraphFacts facts{ended->tag.sequence, ended->allocations, ended->slots, {}};
-    for (const Region& region : scan->regions) facts.regions.push_back(region.base);
+    GraphFacts facts{
+        ended->tag.sequence,     ended->ordinal, ended->allocations, ended->slots, {}, {},
+        scan->opaque_kernels > 0};
+    for (const Region& region : scan->regions) {
+      facts.regions.push_back(region.base);
+      if (region.kind == RegionKind::slot)
+        facts.slot_regions.push_back(static_cast<Slot*>(region.slot));
+    }
     std::lock_guard<std::mutex> lock(t.mutex);
     t.graphs[graph] = std::move(facts);
   }
@@ -471,6 +534,8 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
       .add("memset_nodes", scan->memset_nodes)
       .add("child_graphs", scan->child_graphs)
       .add("unscanned_nodes", scan->unscanned_nodes)
+      .add("opaque_kernels", scan->opaque_kernels)
+      .add("opaque_error", static_cast<int>(scan->opaque_error))
       .add("regions", static_cast<uint64_t>(scan->regions.size()))
       .add("slot_regions", slot_regions)
       .add("region_bytes", bytes)
@@ -491,9 +556,15 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
   uint64_t capture = 0;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
-    t.execs[exec] = graph;
+    ExecFacts facts{graph, 0, {}, false};
     auto it = t.graphs.find(graph);
-    if (it != t.graphs.end()) capture = it->second.capture;
+    if (it != t.graphs.end()) {
+      capture = it->second.capture;
+      facts.ordinal = it->second.ordinal;
+      facts.slots = it->second.slot_regions;
+      facts.opaque = it->second.opaque;
+    }
+    t.execs[exec] = std::move(facts);
   }
   t.instantiations.fetch_add(1, std::memory_order_relaxed);
   if (trace::enabled()) {
@@ -508,18 +579,156 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
 void launched(const Call& call, CUgraphExec exec, CUstream stream) {
   Tables& t = tables();
   t.launches.fetch_add(1, std::memory_order_relaxed);
-  if (!trace::enabled()) return;  // the launch path stays a counter unless someone is looking
-  CUgraph graph = nullptr;
+  stream = stream_of(call, stream);
+  ExecFacts facts;
+  bool capturing = false;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     auto it = t.execs.find(exec);
-    if (it != t.execs.end()) graph = it->second;
+    if (it != t.execs.end()) facts = it->second;
+    capturing = !t.captures.empty() && t.captures.count(stream) != 0;
   }
-  record(trace::Event::graph_launch, call)
-      .hex("exec", reinterpret_cast<uintptr_t>(exec))
-      .hex("graph", reinterpret_cast<uintptr_t>(graph))
-      .hex("stream", stream_id(stream_of(call, stream)))
-      .emit();
+  if (trace::enabled()) {
+    record(trace::Event::graph_launch, call)
+        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+        .hex("graph", reinterpret_cast<uintptr_t>(facts.graph))
+        .hex("stream", stream_id(stream))
+        .add("slots", static_cast<uint64_t>(facts.slots.size()))
+        .emit();
+  }
+  // A launch into a capturing stream becomes a node of that graph; nothing runs now.
+  if (capturing) return;
+  if (facts.opaque) facts.slots = every_slot(t.registry);
+  planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
+}
+
+void launch_returned(const Call& call, CUgraphExec exec, CUstream stream) {
+  Tables& t = tables();
+  stream = stream_of(call, stream);
+  uint64_t ordinal = 0;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.captures.count(stream) != 0) return;
+    auto it = t.execs.find(exec);
+    if (it != t.execs.end()) ordinal = it->second.ordinal;
+  }
+  planner::after_graph(exec, stream, ordinal);
+}
+
+// =============================================================================================
+// Eager work
+// =============================================================================================
+
+namespace {
+
+// The slots among the regions that contain these addresses, each once.
+void add_slot(const RegionRegistry& registry, uintptr_t address, std::vector<Slot*>* slots) {
+  if (address == 0) return;
+  auto region = registry.find(address);
+  if (!region || region->kind != RegionKind::slot) return;
+  auto* slot = static_cast<Slot*>(region->slot);
+  if (std::find(slots->begin(), slots->end(), slot) == slots->end()) slots->push_back(slot);
+}
+
+void add_words(const RegionRegistry& registry, const void* data, size_t bytes,
+               std::vector<Slot*>* slots) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t at = 0; at + sizeof(uint64_t) <= bytes; at += sizeof(uint64_t)) {
+    uint64_t word = 0;
+    std::memcpy(&word, p + at, sizeof word);
+    add_slot(registry, static_cast<uintptr_t>(word), slots);
+  }
+}
+
+bool stream_capturing(Tables& t, CUstream stream) {
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return !t.captures.empty() && t.captures.count(stream) != 0;
+}
+
+void hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots) {
+  if (slots.empty()) return;
+  if (trace::enabled()) {
+    record(trace::Event::eager, call)
+        .hex("stream", stream_id(stream))
+        .add("slots", static_cast<uint64_t>(slots.size()))
+        .emit();
+  }
+  planner::before_eager(call.symbol, stream, slots);
+}
+
+}  // namespace
+
+bool eager_wanted() { return planner::wants_eager(); }
+
+bool driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
+  const Driver* driver = load_driver(nullptr);
+  return driver != nullptr &&
+         kernel_param_info(*driver, static_cast<CUfunction>(const_cast<void*>(function)), nullptr,
+                           index, offset, bytes);
+}
+
+void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
+                  void** extra) {
+  Tables& t = tables();
+  stream = stream_of(call, stream);
+  if (stream_capturing(t, stream)) return;
+  std::vector<Slot*> slots;
+  if (extra != nullptr) {
+    const void* buffer = nullptr;
+    size_t size = 0;
+    for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const size_t*>(extra[i + 1]);
+    }
+    if (buffer != nullptr) add_words(t.registry, buffer, size, &slots);
+  } else if (params != nullptr && kernel.key != nullptr) {
+    std::vector<std::pair<size_t, size_t>> layout;
+    {
+      std::lock_guard<std::mutex> lock(t.layouts_mutex);
+      auto it = t.layouts.find(kernel.key);
+      if (it != t.layouts.end()) layout = it->second;
+    }
+    if (layout.empty()) {
+      for (size_t i = 0;; ++i) {
+        size_t offset = 0, size = 0;
+        if (!kernel.param_info(kernel.key, i, &offset, &size)) break;
+        layout.emplace_back(offset, size);
+      }
+      if (layout.empty()) {
+        // No layout: what the kernel uses is unknown, so every slot is made resident for it
+        // (said once). A kernel without parameters has a layout of one empty entry.
+        size_t offset = 0, size = 0;
+        const bool has_none = !kernel.param_info(kernel.key, 0, &offset, &size);
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+          log().info(
+              "{}: a kernel's parameter layout cannot be read; every slot is made "
+              "resident before such eager kernels",
+              call.symbol);
+        }
+        layout.emplace_back(has_none ? SIZE_MAX : 0, 0);
+      }
+      std::lock_guard<std::mutex> lock(t.layouts_mutex);
+      t.layouts[kernel.key] = layout;
+    }
+    if (layout.size() == 1 && layout[0].first == SIZE_MAX) {
+      slots = every_slot(t.registry);
+    } else {
+      for (size_t i = 0; i < layout.size(); ++i) {
+        if (layout[i].second != 0) add_words(t.registry, params[i], layout[i].second, &slots);
+      }
+    }
+  }
+  hand_to_planner(call, stream, slots);
+}
+
+void eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {
+  Tables& t = tables();
+  stream = stream_of(call, stream);
+  if (stream_capturing(t, stream)) return;
+  std::vector<Slot*> slots;
+  for (size_t i = 0; i < count; ++i) add_slot(t.registry, addresses[i], &slots);
+  hand_to_planner(call, stream, slots);
 }
 
 void exec_destroyed(const Call& call, CUgraphExec exec) {
@@ -564,6 +773,7 @@ void device_resetting(const Call& call, std::optional<CUdevice> device) {
     ++regions;
     if (region.kind != RegionKind::slot) continue;
     try {
+      forget_slot(t, static_cast<Slot*>(region.slot));
       engine().destroy_slot(static_cast<Slot*>(region.slot));
       ++slots;
     } catch (const Error& e) {

@@ -80,9 +80,34 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);
 void instantiated(const Call& call, CUgraphExec exec, CUgraph graph);
+// Before the real launch: the planner makes the graph's slots resident and acts on its plan.
 void launched(const Call& call, CUgraphExec exec, CUstream stream);
+// After the real launch returned (timing while the planner learns).
+void launch_returned(const Call& call, CUgraphExec exec, CUstream stream);
 void exec_destroyed(const Call& call, CUgraphExec exec);
 void graph_destroyed(const Call& call, CUgraph graph);
+
+// ---------------------------------------------------------------------------------------------
+// Eager work: kernels, copies and memsets outside graphs
+// ---------------------------------------------------------------------------------------------
+
+// True when eager work must be scanned (planner.h: while learning, and with the guard on). The
+// hooks forward at once otherwise. One relaxed load.
+bool eager_wanted();
+// A kernel and how to ask for its parameter layout: a runtime host stub with
+// cudaFuncGetParamInfo, or a CUfunction with cuFuncGetParamInfo. Layouts are cached by `key`.
+struct Kernel {
+  const void* key;
+  bool (*param_info)(const void* key, size_t index, size_t* offset, size_t* bytes);
+};
+// cuFuncGetParamInfo through the driver vaswap loaded; `function` is a CUfunction.
+bool driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes);
+// Before a kernel launch: its parameters (laid out as the kernel says) or its packed `extra`
+// buffer are scanned for slot addresses.
+void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
+                  void** extra);
+// Before a copy or memset: the addresses it reads or writes (host addresses find nothing).
+void eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count);
 
 // ---------------------------------------------------------------------------------------------
 // Device state

@@ -21,6 +21,7 @@ struct CaptureTag {
   uint64_t thread = 0;    // Linux thread id of the capturing thread
   uintptr_t stream = 0;   // the capturing stream
   uint64_t sequence = 0;  // the capture's id (cuStreamGetCaptureInfo), unique in the process
+  uint64_t ordinal = 0;   // 1 for the process's first capture (how rules name captures)
 };
 
 // runtime_malloc: cudaMalloc; driver_malloc: cuMemAlloc; stream_ordered: the cudaMallocAsync /

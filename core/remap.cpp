@@ -54,6 +54,17 @@ SharedEvent Engine::make_event(unsigned flags, const std::string& subject) {
 
 RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
                                 const std::vector<void*>& hosts, CUstream stream) {
+  return submit_remap(kind, slots, hosts, stream, nullptr);
+}
+
+RemapBatch* Engine::remap_when(const std::vector<Slot*>& slots, const std::vector<void*>& hosts,
+                               CUevent after) {
+  return submit_remap(RemapKind::copy, slots, hosts, nullptr, after);
+}
+
+// `stream` null: no remap point; the job goes to the worker at once.
+RemapBatch* Engine::submit_remap(RemapKind kind, const std::vector<Slot*>& slots,
+                                 const std::vector<void*>& hosts, CUstream stream, CUevent after) {
   const char* call = names_of(kind).call;
   auto batch = std::make_unique<RemapBatch>();
   batch->id = next_id_.fetch_add(1);
@@ -93,8 +104,10 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
   try {
     Device& d = device_with_workers(slots[0]->device);
     batch->device = &d;
+    batch->after = after;
+    after = nullptr;  // the batch owns it now
     ContextScope scope(driver_, d.context);
-    check_stream(d, stream, call);
+    if (stream != nullptr) check_stream(d, stream, call);
     if (kind != RemapKind::remap_only) {
       for (size_t i = 0; i < slots.size(); ++i) check_host_buffer(*slots[i], hosts[i]);
     }
@@ -112,9 +125,16 @@ RemapBatch* Engine::remap_after(RemapKind kind, const std::vector<Slot*>& slots,
     }
     batch->outstanding = 1;  // the worker's run
     batch->queued_ns = trace::now_ns();
-    check(driver_.cuLaunchHostFunc(stream, &Engine::on_remap_point, batch.get()),
-          "cuLaunchHostFunc", "the remap point of remap " + std::to_string(batch->id));
+    if (stream != nullptr) {
+      check(driver_.cuLaunchHostFunc(stream, &Engine::on_remap_point, batch.get()),
+            "cuLaunchHostFunc", "the remap point of remap " + std::to_string(batch->id));
+    } else {
+      RemapBatch* job = batch.get();
+      d.remap_worker->post([job] { engine().run_remap(*job); });
+    }
   } catch (...) {
+    if (after != nullptr) driver_.cuEventDestroy(after);
+    if (batch->after != nullptr) driver_.cuEventDestroy(batch->after);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (Slot* slot : slots) slot->remap = nullptr;
@@ -205,6 +225,14 @@ void Engine::run_remap(RemapBatch& batch) {
   }
 
   std::vector<size_t> copies;
+  if (batch.after != nullptr && batch.kind == RemapKind::copy) {
+    // The copies start no earlier than the point the planner chose on the launching stream.
+    const CUresult rc = driver_.cuStreamWaitEvent(d.copy_stream, batch.after, 0);
+    if (rc != CUDA_SUCCESS) {
+      log().warn("{}; the copies of remap {} start at once",
+                 cuda_failure("cuStreamWaitEvent", rc, "the copy stream"), batch.id);
+    }
+  }
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     RemapEntry& entry = batch.entries[i];
     if (handles[i] == 0 || batch.kind == RemapKind::deferred) continue;
@@ -542,6 +570,7 @@ void Engine::destroy_remap(RemapBatch* batch) {
       if (event != nullptr) driver_.cuEventDestroy(event);
     }
   }
+  if (batch->after != nullptr) driver_.cuEventDestroy(batch->after);
   delete batch;
   if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, "vaswap_remap_destroy: " + first_error);
 }

@@ -1,0 +1,229 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace vaswap::plan {
+
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+// The model is planned with margins: copies run alongside the program's own traffic, and VMM
+// calls made while the device computes took up to 3x the copy test's figure on the H200
+// (cuMemSetAccess 690 us for a 128 MiB region against 270 us for map and unmap in the test).
+constexpr double kCopyMargin = 1.25;
+constexpr double kRemapMargin = 3.0;
+
+// One direction of the link, on a circle of one period: it carries one copy at a time (vaswap's
+// copies in one direction run on one stream, in order).
+class Link {
+ public:
+  explicit Link(double period_us) : period_us_(period_us) {}
+
+  // The earliest start at or after `ready` (unrolled time) when [start, start + dur) is free.
+  double place(double ready, double dur) const {
+    if (dur >= period_us_) return kNever;
+    double t = ready;
+    for (size_t round = 0; round <= 2 * busy_.size() + 1; ++round) {
+      bool moved = false;
+      const double base = std::floor(t / period_us_) * period_us_;
+      for (const auto& [from, to] : busy_) {
+        for (double shift : {base - period_us_, base, base + period_us_}) {
+          if (from + shift < t + dur && t < to + shift) {
+            t = to + shift;
+            moved = true;
+          }
+        }
+      }
+      if (!moved) return t;
+      if (t - ready > period_us_) return kNever;
+    }
+    return kNever;
+  }
+
+  void take(double start, double dur) {
+    const double from = std::fmod(start, period_us_);
+    busy_.emplace_back(from, from + dur);
+  }
+
+ private:
+  double period_us_;
+  std::vector<std::pair<double, double>> busy_;  // [from, to), from in [0, period)
+};
+
+struct Candidate {
+  Window window;
+  uint64_t bytes = 0;                 // copied
+  uint64_t pages = 0;                 // freed
+  double away_from = 0, away_to = 0;  // unrolled: released to mapped again
+  double benefit = 0;
+};
+
+class Chooser {
+ public:
+  Chooser(const Period& period, const Model& model, const Knobs& knobs)
+      : p_(period), model_(model), knobs_(knobs), d2h_(period.length_us), h2d_(period.length_us) {}
+
+  double time_of(int unrolled) const {
+    const int n = static_cast<int>(p_.start_us.size());
+    const int periods = unrolled / n;  // whole periods before it
+    return p_.start_us[static_cast<size_t>(unrolled % n)] +
+           static_cast<double>(periods) * p_.length_us;
+  }
+
+  // The window's times with the links as they are now; freed_us <= 0 when it frees nothing.
+  Candidate evaluate(int region, int u, int v) const {
+    const int n = static_cast<int>(p_.start_us.size());
+    Candidate c;
+    c.bytes = p_.region_bytes[static_cast<size_t>(region)];
+    c.pages = p_.region_pages.empty() ? c.bytes : p_.region_pages[static_cast<size_t>(region)];
+    Window& w = c.window;
+    w.region = region;
+    w.last_use = u;
+    w.next_use = v % n;
+    const int release = u + 1 + knobs_.release_lag;
+    // Restore at least prefetch_distance launches ahead, and further while the positions in
+    // between are shorter than the model's map and copy (with margins).
+    int restore = v - knobs_.prefetch_distance;
+    const double lead_us =
+        kRemapMargin * model_.remap_us / 2 + kCopyMargin * model_.h2d_us(c.bytes);
+    while (restore - 1 >= release && time_of(v) - time_of(restore) < lead_us) --restore;
+    w.release_at = release % n;
+    w.restore_at = ((restore % n) + n) % n;
+    if (release > restore || restore <= u) {
+      w.freed_us = -1;
+      return c;
+    }
+    const double half_remap = kRemapMargin * model_.remap_us / 2;
+    const double t_release = time_of(release);
+    const double d2h = kCopyMargin * model_.d2h_us(c.bytes);
+    const double d2h_start = d2h_.place(t_release, d2h);
+    const double released = d2h_start + d2h + half_remap;
+    const double map_start = std::max(time_of(restore), released);
+    const double mapped = map_start + half_remap;
+    const double h2d = kCopyMargin * model_.h2d_us(c.bytes);
+    const double h2d_start = h2d_.place(std::max(mapped, time_of(restore)), h2d);
+    const double need = time_of(v);
+    w.gap_us = need - t_release;
+    w.d2h_us = d2h_start + d2h - t_release;
+    w.h2d_us = h2d_start + h2d - mapped;
+    w.freed_us = mapped - released;
+    w.exposed_us = std::max(0.0, h2d_start + h2d - need);
+    c.away_from = released;
+    c.away_to = mapped;
+    c.benefit = static_cast<double>(c.pages) * std::max(0.0, w.freed_us);
+    d2h_start_ = d2h_start;
+    h2d_start_ = h2d_start;
+    return c;
+  }
+
+  void take(const Candidate& c) {
+    d2h_.take(d2h_start_, kCopyMargin * model_.d2h_us(c.bytes));
+    h2d_.take(h2d_start_, kCopyMargin * model_.h2d_us(c.bytes));
+    taken_.push_back(c);
+  }
+
+  // Most bytes away at once, on the circle, with `extra` added.
+  uint64_t peak_with(const Candidate* extra) const {
+    std::vector<const Candidate*> all;
+    for (const Candidate& c : taken_) all.push_back(&c);
+    if (extra != nullptr) all.push_back(extra);
+    const double period = p_.length_us;
+    auto covers = [period](const Candidate& c, double t) {
+      const double from = std::fmod(c.away_from, period);
+      const double to = from + (c.away_to - c.away_from);
+      return (from <= t && t < to) || (from <= t + period && t + period < to);
+    };
+    uint64_t peak = 0;
+    for (const Candidate* at : all) {
+      const double t = std::fmod(at->away_from, period);
+      uint64_t bytes = 0;
+      for (const Candidate* c : all) {
+        if (covers(*c, t)) bytes += c->pages;
+      }
+      peak = std::max(peak, bytes);
+    }
+    return peak;
+  }
+
+  const std::vector<Candidate>& taken() const { return taken_; }
+
+ private:
+  const Period& p_;
+  const Model& model_;
+  const Knobs& knobs_;
+  Link d2h_, h2d_;
+  std::vector<Candidate> taken_;
+  mutable double d2h_start_ = 0, h2d_start_ = 0;  // of the last evaluate()
+};
+
+}  // namespace
+
+Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
+  Plan plan;
+  const int n = static_cast<int>(period.start_us.size());
+  if (n == 0 || period.length_us <= 0 || model.h2d_gbps <= 0 || model.d2h_gbps <= 0) {
+    plan.reason = "no period or no model";
+    return plan;
+  }
+  // Each region's uses, in position order; a region used nowhere is never offloaded (what a scan
+  // cannot see may still use it).
+  std::vector<std::vector<int>> uses(period.region_bytes.size());
+  for (int i = 0; i < n; ++i) {
+    for (int region : period.uses[static_cast<size_t>(i)]) {
+      auto& list = uses[static_cast<size_t>(region)];
+      if (list.empty() || list.back() != i) list.push_back(i);
+    }
+  }
+  Chooser chooser(period, model, knobs);
+  std::vector<Candidate> candidates;
+  double longest_gap = 0, its_need = 0;
+  for (size_t r = 0; r < uses.size(); ++r) {
+    const auto& list = uses[r];
+    for (size_t k = 0; k < list.size(); ++k) {
+      const int u = list[k];
+      const int v = k + 1 < list.size() ? list[k + 1] : list[0] + n;
+      Candidate c = chooser.evaluate(static_cast<int>(r), u, v);
+      ++plan.candidates;
+      if (c.window.gap_us > longest_gap) {
+        longest_gap = c.window.gap_us;
+        its_need = model.d2h_us(c.bytes) + model.h2d_us(c.bytes) + model.remap_us;
+      }
+      if (c.window.freed_us > 0) candidates.push_back(c);
+    }
+  }
+  // The most bytes away for the longest first; each then placed on the links as they fill.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.benefit > b.benefit; });
+  const double allowed_us = knobs.max_overhead_percent / 100.0 * period.length_us;
+  for (const Candidate& first : candidates) {
+    const Candidate c =
+        chooser.evaluate(first.window.region, first.window.last_use,
+                         first.window.next_use <= first.window.last_use ? first.window.next_use + n
+                                                                        : first.window.next_use);
+    if (c.window.freed_us <= 0) continue;
+    if (plan.exposed_us + c.window.exposed_us > allowed_us) continue;
+    if (knobs.byte_budget != 0 && chooser.peak_with(&c) > knobs.byte_budget) continue;
+    chooser.take(c);
+    plan.exposed_us += c.window.exposed_us;
+  }
+  for (const Candidate& c : chooser.taken()) plan.windows.push_back(c.window);
+  std::sort(plan.windows.begin(), plan.windows.end(), [](const Window& a, const Window& b) {
+    return a.region != b.region ? a.region < b.region : a.last_use < b.last_use;
+  });
+  plan.peak_bytes = chooser.peak_with(nullptr);
+  if (plan.windows.empty()) {
+    plan.reason = plan.candidates == 0
+                      ? "no region is used in the period"
+                      : fmt::format(
+                            "no window can hide its copies within max_overhead: the longest is "
+                            "{:.0f} us and its region needs {:.0f} us of copies and remaps",
+                            longest_gap, its_need);
+  }
+  return plan;
+}
+
+}  // namespace vaswap::plan

@@ -1,0 +1,89 @@
+// The plan: which regions to offload in which windows of a learned period (DESIGN.md section 5).
+//
+// Pure computation, no CUDA: the planner (planner.h) measures a period of graph launches and
+// which regions each position uses, and this file decides. Position i is the launch of the i-th
+// graph of the period together with the eager work that follows it before the next graph launch;
+// a region used there must be resident before that graph is launched.
+//
+// For each region and each window between two consecutive uses u and v, the release is issued
+// just before the launch u + 1 + release_lag and its D2H follows the work before it; the restore
+// is issued just before the launch v - prefetch_distance and the stream waits for it before the
+// launch v. A window is taken when its copies and remaps fit the measured times of the positions
+// in between, on links that carry one copy at a time in each direction; what cannot be hidden
+// counts against max_overhead, and the bytes offloaded at once against byte_budget.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vaswap::plan {
+
+// The copy and remap model: bandwidths in GB/s (1e9 bytes per second), the map-and-unmap cost of
+// one region in microseconds, and where the numbers came from ("measured" or "given").
+struct Model {
+  double h2d_gbps = 0;
+  double d2h_gbps = 0;
+  double remap_us = 0;
+  std::string source;
+
+  double h2d_us(uint64_t bytes) const { return static_cast<double>(bytes) / (h2d_gbps * 1e3); }
+  double d2h_us(uint64_t bytes) const { return static_cast<double>(bytes) / (d2h_gbps * 1e3); }
+};
+
+struct Knobs {
+  int prefetch_distance = 1;
+  int release_lag = 0;
+  double max_overhead_percent = 3.0;
+  uint64_t byte_budget = 0;  // 0: no limit; counted in pages, like Plan::peak_bytes
+};
+
+// One learned period.
+struct Period {
+  // Per position, on the device's clock, in microseconds from the start of position 0: when the
+  // graph began and when it ended. `length_us` is from position 0 to position 0 of the next period.
+  std::vector<double> start_us, end_us;
+  double length_us = 0;
+  // Per position, the regions it uses (indices into `region_bytes`).
+  std::vector<std::vector<int>> uses;
+  std::vector<uint64_t> region_bytes;  // the bytes a region's copies move
+  // The device memory a region's release gives back (its pages, whole granules); empty: the bytes.
+  std::vector<uint64_t> region_pages;
+};
+
+struct Window {
+  int region = 0;
+  int last_use = 0, next_use = 0;      // positions, 0..P-1
+  int release_at = 0, restore_at = 0;  // positions where the actions are issued, 0..P-1
+  double gap_us = 0;                   // from the release point to the next use
+  double d2h_us = 0, h2d_us = 0;       // the model's copy times, link waits included
+  double freed_us = 0;                 // how long the pages are away
+  double exposed_us = 0;               // restore time the window cannot hide
+};
+
+struct Plan {
+  std::vector<Window> windows;  // by region, then position
+  uint64_t peak_bytes = 0;      // most device memory away at once (pages), in the model
+  double exposed_us = 0;        // sum of the windows' exposed time
+  uint64_t candidates = 0;      // windows considered
+  std::string reason;           // why nothing was taken, when nothing was
+};
+
+Plan choose(const Period& period, const Model& model, const Knobs& knobs);
+
+// The smallest period P such that the last `repeats` periods were the same, and one key more has
+// begun the next one: the last repeats * P + 1 keys repeat with period P. 0 when there is none.
+template <class Key>
+int find_period(const std::vector<Key>& keys, int repeats) {
+  const int n = static_cast<int>(keys.size());
+  for (int p = 1; static_cast<int64_t>(p) * repeats + 1 <= n; ++p) {
+    bool periodic = true;
+    for (int j = 0; j < p * (repeats - 1) + 1 && periodic; ++j) {
+      periodic = keys[static_cast<size_t>(n - 1 - j)] == keys[static_cast<size_t>(n - 1 - j - p)];
+    }
+    if (periodic) return p;
+  }
+  return 0;
+}
+
+}  // namespace vaswap::plan

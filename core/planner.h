@@ -1,0 +1,65 @@
+// The planner and scheduler (DESIGN.md section 5): it learns the periodic order of graph launches
+// and which slots each launch and the eager work after it use, has plan.h choose the windows to
+// offload in, and then carries the plan out launch by launch with the engine's workers.
+//
+// Phases: learning (schedule.learning_steps identical periods observed, with device timing
+// events around each graph launch), planning (the plan is computed on a worker thread while
+// launches go on), steady (the plan in force). A new capture, a launch of a graph the plan does
+// not know, or a freed slot sends it back to learning.
+//
+// Whatever the phase, invariant 2 holds: before a graph launch, and before an eager kernel, copy
+// or memset that the planner sees (while learning, and in steady state with the guard on), every
+// slot it uses is mapped and the launching stream waits for its H2D. A slot the plan did not
+// expect to be needed is restored on demand (a stall, in the trace). Calls come from the preload's
+// hooks (intercept.h), on the application's threads, outside any capture.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "policy.h"
+
+namespace vaswap {
+
+struct Slot;
+
+namespace planner {
+
+// Takes the policy's mode, schedule, guard, rules and trace.memory_interval. Called once, at
+// start. `slots_of_capture` answers rules mode: the slots allocated during the N-th capture.
+void configure(const Policy& policy,
+               std::function<std::vector<Slot*>(uint64_t capture)> slots_of_capture);
+
+// True while eager launches and copies must be scanned for the slots they use: while learning,
+// and in steady state with the guard on. One relaxed load.
+bool wants_eager();
+
+// Before and after the real graph launch. `slots`: the slots the graph's nodes reference.
+// `capture` is the position of the capture that made the graph among the process's captures
+// (1 for the first; 0 when unknown), which is how rules name graphs.
+void before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
+                  const std::vector<Slot*>& slots, uint64_t capture);
+void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture);
+
+// Before an eager kernel, copy or memset on `stream` that uses `slots` (never empty).
+void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+
+// A capture began: the launch pattern may change, so learning starts over.
+void capture_begun();
+
+// `slot` is about to be destroyed: the planner lets go of it (and learns again if a plan used it).
+void forget(Slot* slot);
+
+// Counts for the C API's stats and the tests.
+struct Counters {
+  uint64_t plans = 0, planned_offloads = 0, planned_restores = 0, on_demand_restores = 0,
+           guard_hits = 0, deviations = 0, stalls = 0;
+  double stall_us = 0;
+};
+Counters counters();
+
+}  // namespace planner
+}  // namespace vaswap
