@@ -37,7 +37,10 @@ def main():
                         "accumulates with atomics: see docs/INTERPOSITION.md)")
     p.add_argument("--shift-mib", type=int, default=0,
                    help="hold a cudaMalloc'd block of this size first, moving every later segment")
-    p.add_argument("--out", help="write the losses and memory figures here (JSON)")
+    p.add_argument("--graph", choices=("per-layer", "whole"), default="per-layer",
+                   help="per-layer: one forward and one backward graph per layer (the default); "
+                        "whole: all layers graphed together, one graph each way")
+    p.add_argument("--out", help="write the losses, step times and memory figures here (JSON)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -62,14 +65,18 @@ def main():
 
     shape = (args.batch, args.seq, args.d_model)
     samples = tuple((torch.randn(shape, device=device, requires_grad=True),) for _ in layers)
-    graphed = torch.cuda.make_graphed_callables(tuple(layers), samples)
+    if args.graph == "per-layer":
+        graphed = torch.cuda.make_graphed_callables(tuple(layers), samples)
+    else:
+        graphed = (torch.cuda.make_graphed_callables(torch.nn.Sequential(*layers), samples[0]),)
 
     data = torch.randn((args.steps,) + shape, device=device)
     target = torch.randn((args.steps,) + shape, device=device)
-    losses = []
+    losses, step_ms = [], []
     torch.cuda.synchronize()
     start = time.perf_counter()
     for step in range(args.steps):
+        step_start = time.perf_counter()
         x = data[step]
         for layer in graphed:
             x = layer(x)
@@ -77,7 +84,8 @@ def main():
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         optimizer.step()
-        value = loss.item()
+        value = loss.item()  # waits for the step
+        step_ms.append(1e3 * (time.perf_counter() - step_start))
         losses.append(value.hex())
         print(f"step {step:3d} loss {value.hex()} ({value:.6f})", flush=True)
     torch.cuda.synchronize()
@@ -88,6 +96,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "ms_per_step": 1e3 * elapsed / args.steps,
+                       "step_ms": step_ms,
                        "device_bytes_in_use": total - free, "args": vars(args)}, f, indent=1)
 
 

@@ -65,6 +65,13 @@ VSK_GLOBAL void accumulate_kernel(uint32_t* acc, const uint32_t* g, uint32_t n) 
 }
 VSK_REGISTER(accumulate_kernel)
 
+// Reads a saved activation outside the graphs (the --peek option): eager work that the learned
+// pattern did not contain.
+VSK_GLOBAL void peek_kernel(const uint32_t* act, uint32_t* out, uint32_t n) {
+  VSK_FOR(i, n) { out[i] = act[i] * 2246822519u ^ out[i]; }
+}
+VSK_REGISTER(peek_kernel)
+
 VSK_GLOBAL void update_kernel(uint32_t* w, uint32_t* acc, uint32_t n) {
   VSK_FOR(i, n) {
     w[i] -= acc[i] >> 24;
@@ -96,12 +103,16 @@ struct Options {
   uint32_t seed = 1;
   int device = 0;
   bool quiet = false;
+  int eval_every = 0;  // 0: never
+  int peek_step = -1;  // -1: never
+  const char* out = nullptr;
 };
 
 void usage(FILE* to) {
   std::fprintf(
       to,
-      "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N] [--quiet]\n"
+      "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
+      "                    [--eval-every N] [--peek-step N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -110,6 +121,10 @@ void usage(FILE* to) {
       "  --steps N    training steps (default 10)\n"
       "  --seed N     data seed (default 1)\n"
       "  --device N   CUDA device (default 0)\n"
+      "  --eval-every N  after every N-th step, an evaluation pass: forward graphs only\n"
+      "  --peek-step N   in step N, between forward and backward, an eager kernel reads\n"
+      "                  the first layer's saved activation (0-based step number)\n"
+      "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
 
@@ -123,11 +138,17 @@ bool parse_number(const char* text, long min, long max, long* out) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  static const option longs[] = {
-      {"layers", required_argument, nullptr, 'l'}, {"elems", required_argument, nullptr, 'n'},
-      {"steps", required_argument, nullptr, 's'},  {"seed", required_argument, nullptr, 'r'},
-      {"device", required_argument, nullptr, 'd'}, {"quiet", no_argument, nullptr, 'q'},
-      {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {{"layers", required_argument, nullptr, 'l'},
+                                 {"elems", required_argument, nullptr, 'n'},
+                                 {"steps", required_argument, nullptr, 's'},
+                                 {"seed", required_argument, nullptr, 'r'},
+                                 {"device", required_argument, nullptr, 'd'},
+                                 {"quiet", no_argument, nullptr, 'q'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {"eval-every", required_argument, nullptr, 'e'},
+                                 {"peek-step", required_argument, nullptr, 'p'},
+                                 {"out", required_argument, nullptr, 'o'},
+                                 {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
   while ((c = getopt_long(argc, argv, "", longs, &index)) != -1) {
@@ -154,6 +175,15 @@ Options parse(int argc, char** argv) {
         ok = parse_number(optarg, 0, 1024, &v);
         o.device = static_cast<int>(v);
         break;
+      case 'e':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.eval_every = static_cast<int>(v);
+        break;
+      case 'p':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.peek_step = static_cast<int>(v);
+        break;
+      case 'o': o.out = optarg; break;
       case 'q': o.quiet = true; break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
@@ -269,6 +299,9 @@ int main(int argc, char** argv) {
 
   uint32_t* host = nullptr;
   CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), bytes));
+  uint32_t* peek = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&peek), bytes));
+  CHECK(cudaMemsetAsync(peek, 0, bytes, s));
   if (!o.quiet) {
     std::printf(
         "train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d\n",
@@ -277,7 +310,9 @@ int main(int argc, char** argv) {
 
   uint64_t checksum = 1469598103934665603ull;
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> step_ms;
   for (int step = 0; step < o.steps; ++step) {
+    const auto step_start = std::chrono::steady_clock::now();
     uint32_t data_seed = o.seed * 104729u + static_cast<uint32_t>(step);
     launch((const void*)fill_kernel, {&layers[0].x, &data_seed, &n});
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -287,6 +322,7 @@ int main(int argc, char** argv) {
       }
     }
     Layer& last = layers.back();
+    if (step == o.peek_step) launch((const void*)peek_kernel, {&layers[0].act, &peek, &n});
     launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
     for (size_t l = layers.size(); l-- > 0;) {
       CHECK(cudaGraphLaunch(layers[l].backward, s));
@@ -299,7 +335,30 @@ int main(int argc, char** argv) {
     CHECK(cudaStreamSynchronize(s));
     const uint64_t loss = fnv1a(1469598103934665603ull, host, bytes);
     checksum = fnv1a(checksum, &loss, sizeof(loss));
+    step_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
+            .count());
     if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
+    if (o.eval_every > 0 && step % o.eval_every == o.eval_every - 1) {
+      // Evaluation: the forward graphs alone, out of the training pattern.
+      uint32_t eval_seed = o.seed * 15485863u + static_cast<uint32_t>(step);
+      launch((const void*)fill_kernel, {&layers[0].x, &eval_seed, &n});
+      for (size_t l = 0; l < layers.size(); ++l) {
+        CHECK(cudaGraphLaunch(layers[l].forward, s));
+        if (l + 1 < layers.size()) {
+          CHECK(cudaMemcpyAsync(layers[l + 1].x, layers[l].y, bytes, cudaMemcpyDeviceToDevice, s));
+        }
+      }
+      CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
+      CHECK(cudaStreamSynchronize(s));
+      const uint64_t eval = fnv1a(1469598103934665603ull, host, bytes);
+      checksum = fnv1a(checksum, &eval, sizeof(eval));
+      if (!o.quiet) std::printf("eval %4d  loss 0x%016" PRIx64 "\n", step, eval);
+    }
+  }
+  if (o.peek_step >= 0) {
+    CHECK(cudaMemcpy(host, peek, bytes, cudaMemcpyDeviceToHost));
+    checksum = fnv1a(checksum, host, bytes);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -320,12 +379,27 @@ int main(int argc, char** argv) {
                 1e3 * seconds / o.steps);
   }
   std::printf("checksum 0x%016" PRIx64 "\n", checksum);
+  if (o.out != nullptr) {
+    FILE* f = std::fopen(o.out, "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "train_layers: cannot write %s\n", o.out);
+      std::exit(1);
+    }
+    std::fprintf(f, "{\"checksum\": \"0x%016" PRIx64 "\", \"ms_per_step\": %.4f, \"step_ms\": [",
+                 checksum, 1e3 * seconds / o.steps);
+    for (size_t i = 0; i < step_ms.size(); ++i) {
+      std::fprintf(f, "%s%.4f", i == 0 ? "" : ", ", step_ms[i]);
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
 
   for (Layer& L : layers) {
     CHECK(cudaGraphExecDestroy(L.forward));
     CHECK(cudaGraphExecDestroy(L.backward));
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
   }
+  CHECK(cudaFree(peek));
   CHECK(cudaFreeHost(host));
   CHECK(cudaStreamDestroy(s));
   return 0;

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The planner over the simulator (issue 6): the layered demo (examples/train_layers: a forward and
+# a backward graph per layer, eager input copies between layers, eager gradient accumulation) run
+# under vaswap with no change, its checksum compared with a plain run of the same options.
+#   1. 50 steps, the link given as 50 GB/s: a plan with windows is made and carried out; the
+#      checksum is identical; cuMemGetInfo (sampled by vaswap every 100 us) shows device memory
+#      given back in the steps, at least half the plan's peak; nothing was restored on demand.
+#   2. The same with a link so slow that no window can hide a copy: the plan takes nothing.
+#   3. An eager kernel reads an offloaded activation in step 30 (--peek-step): the guard restores
+#      it on demand (guard_hit) and the checksum is identical.
+#   4. An evaluation pass every 7 steps (forward graphs only): launches out of the learned order
+#      (deviation events) stay correct.
+#   5. The default policy: the model is measured by the start-up copy test.
+#   6. rules mode: two rules from a policy file offload and restore exactly where they say.
+# Usage: planner_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+source "$src/tests/integration/preload_common.sh"
+demo=$build/bin/train_layers
+given="selection.min_bytes=1MiB,schedule.model=given,schedule.h2d_gbps=50,schedule.d2h_gbps=50,schedule.remap_latency=50us"
+
+# plain_and_vaswap NAME CONF DEMO-ARGS...: both checksums must agree; the trace is $tmp/NAME.jsonl.
+plain_and_vaswap() {
+  local name=$1 conf=$2
+  shift 2
+  local plain with
+  plain=$("$demo" --quiet "$@")
+  with=$(VASWAP_CONF=$conf run --trace "$tmp/$name.jsonl" -- "$demo" --quiet "$@" 2>"$tmp/err") ||
+    fail "$name: the demo failed under vaswap"
+  [[ "$plain" == "$with" && "$plain" == checksum* ]] ||
+    fail "$name: checksum differs: plain '$plain', vaswap '$with'"
+  echo "ok   $name: $with"
+}
+
+# check NAME PYTHON: runs the assertions in PYTHON with `ev` (the trace's events, in time order),
+# `count(name)` and `first(name)` defined.
+check() {
+  local name=$1 body=$2
+  python3 - "$tmp/$name.jsonl" <<PY || fail "$name"
+import json, sys
+ev = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+def count(n): return sum(1 for e in ev if e["ev"] == n)
+def first(n): return next(e for e in ev if e["ev"] == n)
+$body
+PY
+}
+
+# 1. The plan carried out.
+plain_and_vaswap steady "$given,trace.memory_interval=100us" --steps 50
+check steady '
+plan = first("plan")
+assert plan["period"] == 16, plan
+assert plan["windows"] > 0 and plan["peak_bytes"] > 0, plan
+assert count("plan_offload") > 0 and count("plan_restore") > 0
+offloaded = sum(e["bytes"] for e in ev if e["ev"] == "d2h")
+restored = sum(e["bytes"] for e in ev if e["ev"] == "h2d")
+assert offloaded > 0 and restored > 0, (offloaded, restored)
+waits = [e for e in ev if e["ev"] == "restore_wait"]
+assert not any(e["on_demand"] for e in waits), "a restore on demand in a run without surprises"
+last = max(e["t_ns"] for e in ev if e["ev"] == "graph_launch")
+samples = [e for e in ev if e["ev"] == "mem_sample"]
+before = [e["free"] for e in samples if e["t_ns"] <= plan["t_ns"]][-1]
+during = [e["free"] for e in samples if plan["t_ns"] < e["t_ns"] <= last]
+freed = max(during) - before
+slot_pages = 32 * (2 << 20)  # 32 captured 1 MiB buffers, one 2 MiB granule each
+assert plan["peak_bytes"] // 2 <= freed <= slot_pages, (freed, plan["peak_bytes"])
+windows, peak = plan["windows"], plan["peak_bytes"] >> 20
+print(f"     plan: {windows} windows, {peak} MiB away at once; cuMemGetInfo: {freed >> 20} MiB "
+      f"freed; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored")
+'
+
+# 2. Windows too short for the model.
+plain_and_vaswap too_short "selection.min_bytes=1MiB,schedule.model=given,schedule.h2d_gbps=0.001,schedule.d2h_gbps=0.001,schedule.max_overhead=0" --steps 12
+check too_short '
+plan = first("plan")
+assert plan["windows"] == 0 and "no window can hide" in plan["reason"], plan
+assert count("plan_offload") == 0 and count("d2h") == 0
+print("     plan:", plan["reason"])
+'
+
+# 3. The guard.
+plain_and_vaswap guard "$given" --steps 40 --peek-step 30
+check guard '
+hits = [e for e in ev if e["ev"] == "guard_hit"]
+assert len(hits) == 1 and hits[0]["call"] == "cudaLaunchKernel", hits
+assert sum(1 for e in ev if e["ev"] == "restore_wait" and e["on_demand"]) == 1
+print("     guard hit at position", hits[0]["position"])
+'
+
+# 4. Evaluation passes.
+plain_and_vaswap evaluation "$given" --steps 40 --eval-every 7
+check evaluation '
+assert count("plan") == 1 and count("plan_offload") > 0
+assert count("deviation") >= 4, count("deviation")
+print("    ", count("deviation"), "deviations")
+'
+
+# 5. The measured model.
+plain_and_vaswap measured "selection.min_bytes=1MiB" --steps 20
+check measured '
+m = first("model")
+assert m["source"] == "measured" and m["h2d_gbps"] > 0 and m["d2h_gbps"] > 0 and m["remap_us"] > 0, m
+d2h, h2d, remap = m["d2h_gbps"], m["h2d_gbps"], m["remap_us"]
+print(f"     copy test: D2H {d2h:.1f} GB/s, H2D {h2d:.1f} GB/s, remap {remap:.0f} us")
+'
+
+# 6. rules mode: capture 1 is layer 0's forward, capture 2 its backward, capture 3 layer 1's
+# forward (the demo captures forward then backward, layer by layer).
+cat >"$tmp/rules.yaml" <<'YAML'
+mode: rules
+selection:
+  min_bytes: 1MiB
+rules:
+  - offload: capture:1
+    after: graph:3
+    before: graph:2
+  - offload: capture:3
+    after: graph:5
+    before: graph:4
+YAML
+plain=$("$demo" --quiet --steps 20)
+with=$(VASWAP_POLICY=$tmp/rules.yaml run --trace "$tmp/rules.jsonl" -- "$demo" --quiet --steps 20 2>"$tmp/err") ||
+  fail "rules: the demo failed under vaswap"
+[[ "$plain" == "$with" ]] || fail "rules: checksum differs: plain '$plain', vaswap '$with'"
+echo "ok   rules: $with"
+check rules '
+assert count("plan") == 0
+offloads = [e for e in ev if e["ev"] == "plan_offload"]
+assert len(offloads) == 2 * 20 and all(e["slots"] == 2 for e in offloads), len(offloads)
+waits = [e for e in ev if e["ev"] == "restore_wait"]
+assert len(waits) == 2 * 20 and all(e["reason"] == "rule" for e in waits), len(waits)
+'
+echo "planner: all checks passed"
