@@ -6,7 +6,8 @@
 //
 // Calls: cudaMalloc and cudaFree (2 MiB, outside any capture, so never selected),
 // cudaGraphLaunch (a one-kernel graph), cudaThreadExchangeStreamCaptureMode (hooked and nearly
-// free, so the hook's own cost shows), and cudaLaunchKernel (not hooked: the control).
+// free, so the hook's own cost shows), and cudaLaunchKernel (hooked for the planner's
+// eager scan: with vaswap on, the cost of one scan).
 //
 // Built with `nvcc -cudart shared`, as PyTorch links cudart. bench/run_interpose_h200.sh runs it
 // without the preload, with it off, and with it on, and writes bench/results/passthrough_h200.md.

@@ -132,7 +132,10 @@ with open(md, "w") as f:
             "libcudart's own function (dlvsym), alternating which goes first; 'added' is the "
             "median of the per-call differences of the pairs. Without the preload both sides are "
             "libcudart's function, so that column is the method's noise floor. "
-            "cudaLaunchKernel is not hooked: it is the control.\n\n")
+            "cudaLaunchKernel is hooked since the planner: with mode=off it forwards after one "
+            "load; on, this process's repeated graph launch is a one-launch period with no slots, "
+            "so the planner is in steady state with the guard on and scans every eager launch "
+            "(its parameters against the registry).\n\n")
     f.write("\n".join(text) + "\n")
 PY
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
