@@ -28,18 +28,27 @@ run_pair() {  # name, then the program
   tail -2 "$out/${name}_vaswap.txt"
 }
 
-run_pair pytorch_per_layer python3 examples/pytorch/graphed_layers.py --layers 8 --steps 30
-run_pair pytorch_whole python3 examples/pytorch/graphed_layers.py --layers 8 --steps 30 --graph whole
-run_pair static_cudart build/gpu/bin/train_layers_static_cuda --layers 8 --elems 8388608 --steps 50 --eval-every 10
+# PLANNER_RUNS picks some of the runs (default: all three).
+runs=${PLANNER_RUNS:-pytorch_per_layer pytorch_whole static_cudart}
+for name in $runs; do
+  case $name in
+    pytorch_per_layer) run_pair $name python3 examples/pytorch/graphed_layers.py --layers 8 --steps 30 ;;
+    pytorch_whole) run_pair $name python3 examples/pytorch/graphed_layers.py --layers 8 --steps 30 --graph whole ;;
+    static_cudart) run_pair $name build/gpu/bin/train_layers_static_cuda --layers 8 --elems 8388608 --steps 50 --eval-every 10 ;;
+    *) echo "run_planner_h200.sh: unknown run $name" >&2; exit 2 ;;
+  esac
+done
+declare -A label=([pytorch_per_layer]="pytorch per-layer" [pytorch_whole]="pytorch whole" [static_cudart]="static cudart")
+specs=()
+for name in $runs; do
+  specs+=("${label[$name]}:$out/${name}_plain.json:$out/${name}_vaswap.json:$out/${name}_trace.jsonl")
+done
 
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
   echo "# command: bash bench/run_planner_h200.sh   (VASWAP_CONF=$conf)"
   echo
-  python3 bench/planner_summary.py \
-    "pytorch per-layer:$out/pytorch_per_layer_plain.json:$out/pytorch_per_layer_vaswap.json:$out/pytorch_per_layer_trace.jsonl" \
-    "pytorch whole:$out/pytorch_whole_plain.json:$out/pytorch_whole_vaswap.json:$out/pytorch_whole_trace.jsonl" \
-    "static cudart:$out/static_cudart_plain.json:$out/static_cudart_vaswap.json:$out/static_cudart_trace.jsonl" || status=1
+  python3 bench/planner_summary.py "${specs[@]}" || status=1
 } | tee "$out/planner_h200.md"
 doc=$root/docs/BENCHMARKS.md
 [[ -n "${OUT:-}" ]] && doc=$OUT/BENCHMARKS.md
@@ -57,5 +66,6 @@ doc=$root/docs/BENCHMARKS.md
   cat "$out/planner_h200.md"
 } >"$doc"
 # The programs' outputs and the traces, in one archive (bench/results/planner_h200_runs.tar.gz).
-(cd "$out" && tar czf planner_h200_runs.tar.gz pytorch_* static_cudart_* && rm -f pytorch_* static_cudart_*)
+(cd "$out" && tar czf planner_h200_runs.tar.gz ./*_plain.* ./*_vaswap.* ./*_trace.jsonl &&
+  rm -f ./*_plain.* ./*_vaswap.* ./*_trace.jsonl)
 exit $status

@@ -184,6 +184,9 @@ class Engine {
   void wait_submitted(RemapBatch* batch, size_t index);
   void wait_on_stream(RemapBatch* batch, size_t index, CUstream stream);
   bool try_wait_on_stream(RemapBatch* batch, CUstream stream);  // false: not ready
+  // Blocks until every copy of the batch is submitted (or failed), at most `timeout_ms`; true
+  // when they are. Woken as soon as the worker submits.
+  bool wait_submitted_for(RemapBatch* batch, int timeout_ms);
   void adopt(RemapBatch* batch);
   void destroy_remap(RemapBatch* batch);
 

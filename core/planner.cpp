@@ -346,33 +346,28 @@ void Planner::reap(RemapBatch* batch) {
   });
 }
 
-// Polls until the batch's copies are submitted and the stream waits for them. A device that has
-// faulted (a sticky error: an illegal address) stops running callbacks, so the remap worker would
-// never be told to go; the poll notices and fails instead of hanging the program.
+// Waits until the batch's copies are submitted, then makes the stream wait for them. A device
+// that has faulted (a sticky error: an illegal address) stops running callbacks and copies, so
+// the worker might never submit; every 20 ms the wait checks the launching stream and fails
+// instead of hanging the program.
 void Planner::wait_submitted(RemapBatch* batch, CUstream stream) {
   Engine& e = engine();
   const Driver& driver = *load_driver(nullptr);
   CUevent probe = take_event();
   driver.cuEventRecord(probe, stream);
-  const uint64_t start = trace::now_ns();
-  uint64_t next_check = start;
-  unsigned sleep_us = 5;
-  while (!e.try_wait_on_stream(batch, stream)) {
-    const uint64_t now = trace::now_ns();
-    if (now >= next_check) {
-      const CUresult rc = driver.cuEventQuery(probe);
-      if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) {
-        driver.cuEventDestroy(probe);
-        fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventQuery", rc, "the launching stream") +
-                                    ", while waiting for a restore: the device has failed "
-                                    "(a kernel faulted?); vaswap stops waiting");
-      }
-      next_check = now + 20'000'000;
+  while (!e.wait_submitted_for(batch, 20)) {
+    const CUresult rc = driver.cuEventQuery(probe);
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) {
+      driver.cuEventDestroy(probe);
+      fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventQuery", rc, "the launching stream") +
+                                  ", while waiting for a restore: the device has failed (a "
+                                  "kernel faulted?); vaswap stops waiting");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-    sleep_us = std::min(50u, sleep_us * 2);
   }
   driver.cuEventDestroy(probe);
+  if (!e.try_wait_on_stream(batch, stream)) {
+    fail(VASWAP_ERROR_INVALID_STATE, "a restore was submitted but its copies are not ready");
+  }
 }
 
 Streams& Planner::streams(int device) {

@@ -1,6 +1,7 @@
 // Restore: remap at the same address (and copy back) on the remap worker, the waits that order a
 // stream after it, adoption of the new pages by their slots, and cleanup of a remap.
 #include <algorithm>
+#include <chrono>
 
 #include "engine.h"
 #include "errors.h"
@@ -443,6 +444,15 @@ void Engine::stream_waits(const RemapBatch& batch, CUstream stream,
     check(driver_.cuStreamWaitEvent(stream, event.get(), 0), "cuStreamWaitEvent",
           "stream " + hex(stream_id(stream)) + " waiting for remap " + std::to_string(batch.id));
   }
+}
+
+bool Engine::wait_submitted_for(RemapBatch* batch, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    return std::all_of(batch->entries.begin(), batch->entries.end(), [](const RemapEntry& e) {
+      return e.submitted || e.failed || e.slot == nullptr;
+    });
+  });
 }
 
 bool Engine::try_wait_on_stream(RemapBatch* batch, CUstream stream) {
