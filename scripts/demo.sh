@@ -6,11 +6,14 @@
 # vaswap saw, from the trace (build/demo_trace.jsonl).
 #
 # VASWAP_CONF is passed on; unless it says otherwise, buffers of 1 MiB and up made during a
-# capture become slots (the demo's buffers are 1 MiB by default).
+# capture become slots (the demo's buffers are 1 MiB by default), vaswap samples the device's
+# free memory every 200 us, and on the simulator the planner uses the H200's measured link
+# (schedule.model=given: simulated copies run at host memcpy speed, which would plan nothing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-export VASWAP_CONF=${VASWAP_CONF:-selection.min_bytes=1MiB}
+conf_given=${VASWAP_CONF+yes}
+export VASWAP_CONF=${VASWAP_CONF:-selection.min_bytes=1MiB,trace.memory_interval=200us}
 trace=$root/build/demo_trace.jsonl
 
 # The libvaswap.so to preload: VASWAP_LIBRARY, a GPU build, the plain build, or build it.
@@ -37,6 +40,7 @@ else
   cmake --build build/plain -j"$(nproc)" --target train_layers vaswap
   lib=build/plain/lib/libvaswap.so
   echo "vaswap demo: no GPU here; running on the simulated CUDA device (build/plain/sim) under vaswap"
+  [[ -n "$conf_given" ]] || VASWAP_CONF+=",schedule.model=given,schedule.h2d_gbps=55,schedule.d2h_gbps=55,schedule.remap_latency=600us"
   export LD_LIBRARY_PATH=build/plain/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   demo=(build/plain/bin/train_layers)
 fi
@@ -58,6 +62,22 @@ for line in open(sys.argv[1]):
 print(f"vaswap saw {n['alloc']} allocations ({n['slots']} backed by slots, "
       f"{slot_bytes / 2**20:.0f} MiB), {n['capture_begin']} captures and {n['graph_launch']} graph "
       f"launches, through its {' and '.join(sorted(levels)) or 'no'} hooks; trace: {sys.argv[1]}")
+events = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+plans = [e for e in events if e["ev"] == "plan"]
+if not plans:
+    print("planner: no plan yet (it learns for 3 identical steps first; try --steps 20)")
+else:
+    plan = plans[0]
+    moved = lambda ev: sum(e["bytes"] for e in events if e["ev"] == ev) / 2**20
+    last = max(e["t_ns"] for e in events if e["ev"] == "graph_launch")
+    samples = [e for e in events if e["ev"] == "mem_sample"]
+    before = [e["free"] for e in samples if e["t_ns"] <= plan["t_ns"]]
+    during = [e["free"] for e in samples if plan["t_ns"] < e["t_ns"] <= last]
+    freed = f"; cuMemGetInfo showed {(max(during) - before[-1]) / 2**20:.0f} MiB given back during the steps" \
+        if before and during else ""
+    print(f"planner: a period of {plan['period']} graph launches, {plan['windows']} windows "
+          f"({plan['peak_bytes'] / 2**20:.0f} MiB away at once){', ' + plan['reason'] if plan.get('reason') else ''}; "
+          f"{moved('d2h'):.0f} MiB offloaded and {moved('h2d'):.0f} MiB restored{freed}")
 PY
 fi
 exit $status
