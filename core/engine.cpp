@@ -331,6 +331,8 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted) {
     throw;
   }
   bytes_mapped_.fetch_add(slot->mapped_bytes);
+  bytes_reserved_.fetch_add(slot->mapped_bytes);
+  note_memory();
   if (trace::enabled()) {
     trace::Record(trace::Event::slot_create)
         .at(start)
@@ -393,6 +395,7 @@ void Engine::destroy_slot(Slot* slot) {
       if (first_error.empty()) first_error = e.what();
     }
   }
+  bytes_reserved_.fetch_sub(slot->mapped_bytes);
   slot->last_copy.reset();
   {
     auto lock = driver_call_lock();
@@ -437,6 +440,7 @@ vaswap_slot_info Engine::info(Slot* slot) {
 void Engine::pages_released(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
                             const std::optional<BatchTiming>& timing) {
   bytes_mapped_.fetch_sub(slot.mapped_bytes);
+  note_memory();
   releases_.fetch_add(1);
   if (!trace::enabled()) return;
   trace::Record record(trace::Event::release);
@@ -454,6 +458,7 @@ void Engine::pages_released(const SlotFacts& slot, const PageTimes& times, uint6
 void Engine::pages_mapped(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
                           const std::optional<BatchTiming>& timing) {
   bytes_mapped_.fetch_add(slot.mapped_bytes);
+  note_memory();
   remaps_done_.fetch_add(1);
   if (!trace::enabled()) return;
   trace::Record record(trace::Event::remap);
@@ -537,6 +542,19 @@ void* Engine::host_alloc(size_t bytes) {
   }
   ContextScope scope(driver_, device(0).context);
   return host_pool_.allocate(bytes);
+}
+
+void Engine::note_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (driver_.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return;
+  const uint64_t used = total_bytes - free_bytes;
+  const uint64_t reserved = bytes_reserved_.load(), mapped = bytes_mapped_.load();
+  const uint64_t without = used + (reserved > mapped ? reserved - mapped : 0);
+  for (auto [peak, value] : {std::pair{&peak_used_, used}, std::pair{&peak_without_, without}}) {
+    uint64_t seen = peak->load();
+    while (value > seen && !peak->compare_exchange_weak(seen, value)) {
+    }
+  }
 }
 
 vaswap_stats Engine::stats() {

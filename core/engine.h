@@ -197,6 +197,14 @@ class Engine {
   CUcontext context(int ordinal) { return device(ordinal).context; }
   void set_serial_driver_calls(bool serial) { serial_.store(serial); }
   vaswap_stats stats();
+  // Device memory as the driver reports it (cuMemGetInfo), read after every map and unmap of a
+  // slot's pages and by the planner's sampler: the most in use, and the most in use plus the
+  // slot pages released at that moment (what the program would have held without vaswap).
+  struct MemoryPeaks {
+    uint64_t used = 0, without_releases = 0;
+  };
+  void note_memory();
+  MemoryPeaks memory_peaks() const { return {peak_used_.load(), peak_without_.load()}; }
   void* host_alloc(size_t bytes);
   void host_free(void* host) { host_pool_.release(host); }
 
@@ -261,6 +269,8 @@ class Engine {
 
   std::atomic<uint64_t> bytes_mapped_{0}, releases_{0}, remaps_done_{0}, bytes_offloaded_{0},
       bytes_restored_{0}, errors_{0};
+  std::atomic<uint64_t> bytes_reserved_{0};  // mapped_bytes of every live slot
+  std::atomic<uint64_t> peak_used_{0}, peak_without_{0};
 };
 
 // The process's engine, created on first use. Throws VASWAP_ERROR_UNAVAILABLE when the CUDA

@@ -86,6 +86,7 @@ const Environment& environment() {
 }
 
 std::vector<Slot*> slots_of_capture(uint64_t ordinal);
+void say_summary();
 
 // First hooked call: open the trace and say what needs saying, once.
 void start() {
@@ -107,6 +108,8 @@ void start() {
       log().warn("{}", notice);
       if (trace::enabled()) trace::Record(trace::Event::notice).add("message", notice).emit();
     }
+    // Registered after the trace opened, so it runs before the trace closes.
+    std::atexit(say_summary);
   });
 }
 
@@ -258,6 +261,45 @@ std::vector<Slot*> slots_of_capture(uint64_t ordinal) {
     }
   }
   return slots;
+}
+
+// At exit: what vaswap did, on the log at info level (shown with log.level: info, as NCCL's
+// INFO lines are) and as the trace's `summary` event. No CUDA call is made here.
+void say_summary() {
+  const Tables& t = tables();
+  const planner::Counters p = planner::counters();
+  vaswap_stats s{};
+  Engine::MemoryPeaks peaks;
+  if (t.slots.load() > 0) {  // the engine exists; do not create one at exit
+    s = engine().stats();
+    peaks = engine().memory_peaks();
+  }
+  const double mib = 1024.0 * 1024.0;
+  log().info(
+      "summary: {} slots selected; {} offloaded ({} plan{}); {:.0f} MiB offloaded, {:.0f} MiB "
+      "restored; device memory peak {:.0f} MiB in use, {:.0f} MiB with the released pages added "
+      "back (cuMemGetInfo); host waited {:.1f} ms for restores ({} waits, {} slots on demand); {} "
+      "guard hits; {} deviations; {} errors",
+      t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
+      static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
+      static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
+      p.stall_us / 1e3, p.stalls, p.on_demand_restores, p.guard_hits, p.deviations, s.errors);
+  if (!trace::enabled()) return;
+  trace::Record(trace::Event::summary)
+      .add("slots", t.slots.load())
+      .add("regions_offloaded", p.regions_offloaded)
+      .add("plans", p.plans)
+      .add("bytes_offloaded", s.bytes_offloaded)
+      .add("bytes_restored", s.bytes_restored)
+      .add("peak_used", peaks.used)
+      .add("peak_without_releases", peaks.without_releases)
+      .add("wait_us", p.stall_us)
+      .add("waits", p.stalls)
+      .add("on_demand", p.on_demand_restores)
+      .add("guard_hits", p.guard_hits)
+      .add("deviations", p.deviations)
+      .add("errors", s.errors)
+      .emit();
 }
 
 // Every slot there is: what a launch that cannot be scanned may use.

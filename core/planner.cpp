@@ -87,6 +87,10 @@ class MemorySampler {
           std::unique_lock<std::mutex> lock(mutex_);
           while (!stop_) {
             size_t free_bytes = 0, total_bytes = 0;
+            try {
+              engine().note_memory();
+            } catch (const Error&) {  // no engine: the samples alone
+            }
             if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS &&
                 free_bytes != last && trace::enabled()) {
               trace::Record(trace::Event::mem_sample)
@@ -203,6 +207,7 @@ class Planner {
   bool sampler_tried_ = false;
   std::optional<plan::Model> measured_;
   Counters counters_;
+  std::set<uint64_t> offloaded_ever_;  // slot ids
   // rules mode
   struct ParsedRule {
     unsigned long capture = 0, after = 0, before = 0;
@@ -421,6 +426,9 @@ void Planner::offload(const std::vector<Slot*>& slots, CUstream stream, int posi
   }
   settle(batch, Where::offloaded, nullptr, position, stream);
   counters_.planned_offloads += batch.size();
+  for (Slot* slot : batch) {
+    if (offloaded_ever_.insert(slot->id).second) ++counters_.regions_offloaded;
+  }
 }
 
 // The slots of an action are now `where`; the action goes to the trace.

@@ -57,7 +57,8 @@ void forget(Slot* slot);
 struct Counters {
   uint64_t plans = 0, planned_offloads = 0, planned_restores = 0, on_demand_restores = 0,
            guard_hits = 0, deviations = 0, stalls = 0;
-  double stall_us = 0;
+  uint64_t regions_offloaded = 0;  // distinct slots offloaded at least once
+  double stall_us = 0;             // host time spent waiting for restores to be submitted
 };
 Counters counters();
 
