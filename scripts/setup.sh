@@ -33,10 +33,12 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The python3 on PATH may not be Debian's (pyenv, a venv): give it the pinned test requirements.
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  echo "vaswap setup: installing Python test requirements for $(command -v python3)"
-  python3 -m pip install --quiet -r "$(dirname "$0")/requirements-test.txt"
+# The python3 on PATH may not be Debian's (pyenv, a venv): give it the pinned requirements of
+# the tests and of `vaswap report`.
+if ! python3 -c 'import pytest, matplotlib, tqdm' 2>/dev/null; then
+  echo "vaswap setup: installing Python requirements (tests, vaswap report) for $(command -v python3)"
+  python3 -m pip install --quiet -r "$(dirname "$0")/requirements-test.txt" \
+    -r "$(dirname "$0")/requirements-report.txt"
 fi
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}

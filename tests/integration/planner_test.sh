@@ -12,6 +12,7 @@
 #      (deviation events) stay correct.
 #   5. The default policy: the model is measured by the start-up copy test.
 #   6. rules mode: two rules from a policy file offload and restore exactly where they say.
+#   7. The exit summary says so at log.level info, and nothing at the default level.
 # Usage: planner_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -105,22 +106,10 @@ d2h, h2d, remap = m["d2h_gbps"], m["h2d_gbps"], m["remap_us"]
 print(f"     copy test: D2H {d2h:.1f} GB/s, H2D {h2d:.1f} GB/s, remap {remap:.0f} us")
 '
 
-# 6. rules mode: capture 1 is layer 0's forward, capture 2 its backward, capture 3 layer 1's
-# forward (the demo captures forward then backward, layer by layer).
-cat >"$tmp/rules.yaml" <<'YAML'
-mode: rules
-selection:
-  min_bytes: 1MiB
-rules:
-  - offload: capture:1
-    after: graph:3
-    before: graph:2
-  - offload: capture:3
-    after: graph:5
-    before: graph:4
-YAML
+# 6. rules mode (tests/integration/rules_policy.yaml names the captures).
 plain=$("$demo" --quiet --steps 20)
-with=$(VASWAP_POLICY=$tmp/rules.yaml run --trace "$tmp/rules.jsonl" -- "$demo" --quiet --steps 20 2>"$tmp/err") ||
+with=$(VASWAP_POLICY=$src/tests/integration/rules_policy.yaml VASWAP_CONF=log.level=info run --trace "$tmp/rules.jsonl" -- \
+  "$demo" --quiet --steps 20 2>"$tmp/err") ||
   fail "rules: the demo failed under vaswap"
 [[ "$plain" == "$with" ]] || fail "rules: checksum differs: plain '$plain', vaswap '$with'"
 echo "ok   rules: $with"
@@ -131,4 +120,11 @@ assert len(offloads) == 2 * 20 and all(e["slots"] == 2 for e in offloads), len(o
 waits = [e for e in ev if e["ev"] == "restore_wait"]
 assert len(waits) == 2 * 20 and all(e["reason"] == "rule" for e in waits), len(waits)
 '
+# 7. The exit summary: on the log at info level (log.level: info), never at the default level.
+grep -q "summary: 32 slots selected; 4 offloaded (0 plans); 80 MiB offloaded, 80 MiB restored;" "$tmp/err" ||
+  fail "rules: the exit summary at info level is missing or wrong"
+grep -o "summary: .*" "$tmp/err" | sed 's/^/     /'
+VASWAP_CONF=$given run -- "$demo" --quiet --steps 2 >/dev/null 2>"$tmp/err" || fail "quiet: the demo failed"
+if grep -q "summary:" "$tmp/err"; then fail "the exit summary was printed at the default log level"; fi
+echo "ok   exit summary: at info level only"
 echo "planner: all checks passed"

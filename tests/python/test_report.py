@@ -1,0 +1,246 @@
+"""`vaswap report` over traces the simulator makes (scripts/vaswap_report.py).
+
+The traces come from the layered demo (examples/train_layers) run under vaswap on the simulated
+device, as tests/integration/planner_test.sh runs it: once in rules mode, whose offloads are
+exactly known, and once with the planner and cuMemGetInfo sampling. VASWAP_BUILD names the build
+directory (ctest sets it)."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import vaswap_report  # noqa: E402
+
+BUILD = pathlib.Path(os.environ.get("VASWAP_BUILD", ROOT / "build" / "plain"))
+DEMO = BUILD / "bin" / "train_layers"
+LIBRARY = BUILD / "lib" / "libvaswap.so"
+MiB = 1 << 20
+STEPS = 20
+
+pytestmark = pytest.mark.skipif(not (DEMO.is_file() and LIBRARY.is_file()),
+                                reason=f"needs the plain build in {BUILD}")
+
+RULES = (ROOT / "tests" / "integration" / "rules_policy.yaml").read_text()
+PLANNED = ("selection.min_bytes=1MiB,trace.memory_interval=100us,schedule.model=given,"
+           "schedule.h2d_gbps=50,schedule.d2h_gbps=50,schedule.remap_latency=50us")
+
+
+def run_demo(tmp, name, policy=None, conf=None):
+    trace = tmp / f"{name}.jsonl"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "sim"))
+    env.pop("VASWAP_SIM_DEVICES", None)
+    env.pop("VASWAP_SIM_DEVICE_MEMORY", None)
+    if policy:
+        path = tmp / f"{name}.yaml"
+        path.write_text(policy)
+        env["VASWAP_POLICY"] = str(path)
+    if conf:
+        env["VASWAP_CONF"] = conf
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "vaswap"), "run", "--library", str(LIBRARY),
+                    "--trace", str(trace), "--", str(DEMO), "--quiet", "--steps", str(STEPS)],
+                   env=env, check=True, capture_output=True, text=True)
+    return trace
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    return {"rules": run_demo(tmp, "rules", policy=RULES),
+            "planned": run_demo(tmp, "planned", conf=PLANNED),
+            "dir": tmp}
+
+
+def report(*args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vaswap"), "report", "--no-progress",
+                           *map(str, args)], capture_output=True, text=True)
+
+
+def read(path):
+    return vaswap_report.read_traces([str(path)], show_progress=False)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+# ---------------------------------------------------------------------------------------------
+
+def test_rules_run_moves_exactly_what_the_rules_say(traces):
+    run = read(traces["rules"])
+    assert run.problems == []
+    s = vaswap_report.summary(run)
+    # Two rules, two 1 MiB buffers each (the activation and the output), every step.
+    assert s["slots"] == 32
+    assert s["slot_bytes"] == 32 * MiB
+    assert s["offloaded_bytes"] == 2 * 2 * STEPS * MiB
+    assert s["restored_bytes"] == 2 * 2 * STEPS * MiB
+    assert s["on_demand"] == 2 * 2 * STEPS  # rules restore on demand before the named graph
+    assert s["guard_hits"] == 0 and s["errors"] == 0
+    assert s["graph_launches"] == 16 * STEPS
+    regions = vaswap_report.per_region(run)
+    assert len(regions) == 4
+    assert all(r["offloads"] == STEPS and r["restores"] == STEPS for r in regions)
+    assert all(r["d2h_bytes"] == STEPS * MiB for r in regions)
+    # The rules offload after graphs 3 and 5 (capture order): the offloads sit before the graph
+    # launched next, layer 2's and layer 3's forward.
+    graphs = vaswap_report.per_graph(run)
+    assert sorted(g["offloaded"] for g in graphs if g["offloaded"]) == [2 * STEPS * MiB] * 2
+    final = run.of("summary")[0]
+    assert final["regions_offloaded"] == 4 and final["bytes_offloaded"] == 80 * MiB
+
+
+def test_rules_table_shows_those_numbers(traces):
+    result = report(traces["rules"])
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines()
+               if line.startswith("| ") and "(32)" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "32 (32)"     # slots (MiB)
+    assert cells[3] == str(16 * STEPS)  # graph launches
+    assert cells[5] == "80"          # offloaded MiB
+    assert cells[6] == "80"          # restored MiB
+    assert "## Graphs of" in result.stdout and "## Regions of" in result.stdout
+
+
+def test_planned_run_reports_its_plan_and_memory(traces):
+    run = read(traces["planned"])
+    assert run.problems == []
+    s = vaswap_report.summary(run)
+    plan = run.of("plan")[0]
+    assert s["plan_windows"] == plan["windows"] > 0
+    assert s["offloaded_bytes"] == sum(e["bytes"] for e in run.of("d2h")) > 0
+    # The exit summary's peaks are the report's, when the trace has them.
+    final = run.of("summary")[0]
+    assert s["peak_used"] == final["peak_used"] > 0
+    assert s["peak_without"] == final["peak_without_releases"] >= s["peak_used"]
+    xs, used, without = vaswap_report.memory_series(run)
+    assert len(xs) == len(run.of("mem_sample")) + len(run.of("mem_info"))
+    assert max(w - u for u, w in zip(used, without)) > 0  # pages were away at some sample
+    per_step = vaswap_report.stalls_per_step(run)
+    assert len(per_step) >= STEPS - 5
+
+
+def test_two_traces_are_two_runs(traces):
+    result = report(traces["rules"], traces["planned"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("## Graphs of") == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Timeline and plots
+# ---------------------------------------------------------------------------------------------
+
+def test_perfetto_export_has_tracks_slices_and_the_memory_counter(traces):
+    out = traces["dir"] / "timeline.json"
+    result = report("--perfetto", out, traces["planned"])
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
+    run = read(traces["planned"])
+    names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert any(n.endswith("(D2H)") for n in names) and any(n.endswith("(H2D)") for n in names)
+    assert any(n.startswith("vaswap worker") for n in names)
+    slices = [e for e in events if e["ph"] == "X"]
+    assert sum(1 for e in slices if e["name"].startswith("D2H")) == len(run.of("d2h"))
+    assert sum(1 for e in slices if e["name"].startswith("H2D")) == len(run.of("h2d"))
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and all(e["name"] == "device memory (MiB)" for e in counters)
+    assert sum(1 for e in events if e["ph"] == "i" and e["name"].startswith("graph")) == 16 * STEPS
+
+
+def test_plots_are_written(traces):
+    out = traces["dir"] / "plots"
+    result = report("--plots", out, traces["planned"])
+    assert result.returncode == 0, result.stderr
+    for name in ("memory.png", "bandwidth.png", "stalls.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+def damaged(traces, name, edit):
+    lines = traces["rules"].read_text().splitlines(keepends=True)
+    path = traces["dir"] / name
+    path.write_text("".join(edit(lines)))
+    return path
+
+
+def test_a_corrupt_line_is_named_and_the_rest_reported(traces):
+    path = damaged(traces, "corrupt.jsonl", lambda l: l[:4] + ['{"t_ns": 12, "ev": "d2h", oops\n'] + l[5:])
+    result = report(path)
+    assert result.returncode == 1
+    assert f"{path}:5: not JSON" in result.stderr
+    assert "## Runs" in result.stdout and "## Problems" in result.stdout
+
+
+def test_a_truncated_trace_is_named_and_the_rest_reported(traces):
+    text = traces["rules"].read_text()
+    path = traces["dir"] / "truncated.jsonl"
+    cut = len(text) // 2
+    path.write_text(text[:cut] + '{"t_ns": 1, "ev": "d2')
+    lines = text[:cut].count("\n") + 1
+    result = report(path)
+    assert result.returncode == 1
+    assert f"{path}:{lines}: the last line is cut off" in result.stderr
+    run = read(path)
+    assert run.truncated and 0 < vaswap_report.summary(run)["offloaded_bytes"] < 80 * MiB
+
+
+def test_an_event_without_a_needed_field_is_rejected_with_its_line(traces):
+    def drop_bytes(lines):
+        out = list(lines)
+        i = next(i for i, line in enumerate(out) if '"ev":"d2h"' in line)
+        event = json.loads(out[i])
+        del event["bytes"]
+        out[i] = json.dumps(event) + "\n"
+        return out
+
+    path = damaged(traces, "fields.jsonl", drop_bytes)
+    result = report(path)
+    assert result.returncode == 1
+    assert "`d2h` without `bytes`" in result.stderr
+    assert vaswap_report.summary(read(path))["offloaded_bytes"] == (2 * 2 * STEPS - 1) * MiB
+
+
+def test_an_unknown_event_is_rejected_and_a_newer_version_read(traces):
+    def edit(lines):
+        first = json.loads(lines[0])
+        first["version"] = 2
+        return [json.dumps(first) + "\n", '{"t_ns": 5, "ev": "teleport", "tid": 1}\n'] + lines[1:]
+
+    path = damaged(traces, "newer.jsonl", edit)
+    result = report(path)
+    assert result.returncode == 1
+    assert "format version 2 is newer" in result.stderr
+    assert f"{path}:2: unknown event `teleport`" in result.stderr
+    assert vaswap_report.summary(read(path))["offloaded_bytes"] == 80 * MiB
+
+
+def test_a_file_that_is_not_a_trace(traces):
+    path = traces["dir"] / "empty.jsonl"
+    path.write_text("")
+    result = report(path)
+    assert result.returncode == 1
+    assert "no trace_begin" in result.stderr
+    missing = report(traces["dir"] / "nope.jsonl")
+    assert missing.returncode == 2 and "no such trace" in missing.stderr
+
+
+def test_the_reader_takes_its_events_from_trace_md():
+    events = vaswap_report.documented_events()
+    assert {"d2h", "h2d", "plan", "summary", "mem_sample"} <= set(events)
+    assert {"bytes", "dur_us", "slot"} <= events["d2h"]
+    copy = shutil.copy(vaswap_report.DOC, pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "TRACE.md")
+    text = pathlib.Path(copy).read_text().replace("| `d2h` |", "| `dtwoh` |")
+    pathlib.Path(copy).write_text(text)
+    changed = vaswap_report.documented_events(pathlib.Path(copy))
+    assert "dtwoh" in changed and "d2h" not in changed
