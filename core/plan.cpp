@@ -199,6 +199,7 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.benefit > b.benefit; });
   const double allowed_us = knobs.max_overhead_percent / 100.0 * period.length_us;
+  uint64_t over_budget = 0;
   for (const Candidate& first : candidates) {
     const Candidate c =
         chooser.evaluate(first.window.region, first.window.last_use,
@@ -206,7 +207,10 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
                                                                         : first.window.next_use);
     if (c.window.freed_us <= 0) continue;
     if (plan.exposed_us + c.window.exposed_us > allowed_us) continue;
-    if (knobs.byte_budget != 0 && chooser.peak_with(&c) > knobs.byte_budget) continue;
+    if (knobs.byte_budget != 0 && chooser.peak_with(&c) > knobs.byte_budget) {
+      ++over_budget;
+      continue;
+    }
     chooser.take(c);
     plan.exposed_us += c.window.exposed_us;
   }
@@ -216,8 +220,12 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   });
   plan.peak_bytes = chooser.peak_with(nullptr);
   if (plan.windows.empty()) {
-    plan.reason = plan.candidates == 0
-                      ? "no region is used in the period"
+    plan.reason = plan.candidates == 0 ? "no region is used in the period"
+                  : over_budget > 0
+                      ? fmt::format(
+                            "every window that fits the link would exceed "
+                            "schedule.byte_budget ({} bytes)",
+                            knobs.byte_budget)
                       : fmt::format(
                             "no window can hide its copies within max_overhead: the longest is "
                             "{:.0f} us and its region needs {:.0f} us of copies and remaps",

@@ -97,6 +97,10 @@ TEST(Choose, RespectsTheByteBudget) {
   EXPECT_FALSE(plan.windows.empty());
   const Plan unlimited = choose(p, link(50, 100), Knobs{});
   EXPECT_GT(unlimited.peak_bytes, 128 * kMiB);
+  knobs.byte_budget = 1;  // observe only: nothing fits
+  const Plan none = choose(p, link(50, 100), knobs);
+  EXPECT_TRUE(none.windows.empty());
+  EXPECT_NE(none.reason.find("schedule.byte_budget"), std::string::npos) << none.reason;
 }
 
 TEST(Choose, MaxOverheadAdmitsSomeExposure) {
