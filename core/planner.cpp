@@ -735,7 +735,9 @@ void Planner::plan(Job& job) {
   try {
     for (const plan::Window& w : chosen.windows) {
       Slot* slot = job.regions[static_cast<size_t>(w.region)];
-      if (hosts.count(slot) == 0) hosts[slot] = engine().host_alloc(slot->bytes);
+      // The job's copy of the size: the slot may be freed meanwhile (the plan is then dropped).
+      const uint64_t bytes = job.period.region_bytes[static_cast<size_t>(w.region)];
+      if (hosts.count(slot) == 0) hosts[slot] = engine().host_alloc(bytes);
     }
   } catch (const Error& error) {
     log().warn("pinned host memory for the plan: {}; offloading nothing", error.what());
