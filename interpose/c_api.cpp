@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "intercept.h"
+#include "planner.h"
 #include "policy.h"
 #include "trace.h"
 #include "vaswap/vaswap.h"
@@ -350,6 +351,16 @@ VASWAP_API vaswap_status vaswap_get_stats(vaswap_stats* stats) {
     stats->captures_seen = seen.captures;
     stats->instantiations_seen = seen.instantiations;
     stats->graph_launches_seen = seen.launches;
+    const vaswap::planner::Counters planned = vaswap::planner::counters();
+    stats->plans = planned.plans;
+    stats->regions_offloaded = planned.regions_offloaded;
+    stats->planned_offloads = planned.planned_offloads;
+    stats->planned_restores = planned.planned_restores;
+    stats->on_demand_restores = planned.on_demand_restores;
+    stats->guard_hits = planned.guard_hits;
+    stats->deviations = planned.deviations;
+    stats->restore_waits = planned.stalls;
+    stats->restore_wait_ns = static_cast<uint64_t>(planned.stall_us * 1e3);
   });
 }
 

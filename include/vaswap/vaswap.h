@@ -199,6 +199,16 @@ typedef struct vaswap_stats {
   uint64_t captures_seen;  /* stream captures begun */
   uint64_t instantiations_seen;
   uint64_t graph_launches_seen;
+  /* The planner (docs/PLANNER.md). */
+  uint64_t plans;              /* plans put in force */
+  uint64_t regions_offloaded;  /* distinct slots offloaded at least once */
+  uint64_t planned_offloads;   /* slot offloads the plan or a rule issued */
+  uint64_t planned_restores;   /* slot restores the plan started ahead of their use */
+  uint64_t on_demand_restores; /* slots restored because a launch needed them unexpectedly */
+  uint64_t guard_hits;         /* eager work that needed an offloaded slot (guard on) */
+  uint64_t deviations;         /* graph launches out of the learned order */
+  uint64_t restore_waits;      /* times the host waited for a restore to be submitted */
+  uint64_t restore_wait_ns;    /* host time spent in those waits */
 } vaswap_stats;
 
 vaswap_status vaswap_get_stats(vaswap_stats* stats);

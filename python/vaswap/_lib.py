@@ -39,6 +39,15 @@ class Stats(ctypes.Structure):
             "captures_seen",
             "instantiations_seen",
             "graph_launches_seen",
+            "plans",
+            "regions_offloaded",
+            "planned_offloads",
+            "planned_restores",
+            "on_demand_restores",
+            "guard_hits",
+            "deviations",
+            "restore_waits",
+            "restore_wait_ns",
         )
     ]
 
