@@ -150,6 +150,28 @@ class Slot(_Owned):
                 (ctypes.c_int64 * max(n, 1))(*self.strides), element, ctypes.byref(self._ptr)))
             self.tensor  # builds the view and checks its address
 
+    @classmethod
+    def find(cls, address):
+        """The slot that contains `address` (an int, or a tensor: its data_ptr()), such as a
+        graph-pool segment the preload backed with a slot. The object does not own the slot:
+        close() forgets the handle and never destroys the slot. VaswapError with
+        VASWAP_ERROR_NOT_FOUND when no slot contains the address."""
+        if hasattr(address, "data_ptr"):
+            address = address.data_ptr()
+        found = cls.__new__(cls)
+        found._ptr = ctypes.c_void_p()
+        found._tensor_ref = None
+        found.shape = found.dtype = found.strides = None
+        found._borrowed = True
+        _check(_c.vaswap_slot_find(ctypes.c_void_p(int(address)), ctypes.byref(found._ptr)))
+        return found
+
+    def close(self):
+        if getattr(self, "_borrowed", False):
+            self._ptr = ctypes.c_void_p()  # found, not owned: the slot stays
+            return
+        super().close()
+
     def info(self):
         info = _lib.SlotInfo()
         _check(_c.vaswap_slot_get_info(self._handle(), ctypes.byref(info)))

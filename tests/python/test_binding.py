@@ -163,3 +163,38 @@ def test_memory_info_shows_pages_given_back():
     remap.wait()
     remap.adopt()
     remap.close()
+
+
+@needs_sim
+def test_find_returns_the_slot_the_preload_made_without_owning_it():
+    # A graph-pool-like allocation: cudaMalloc during a capture, in relaxed mode, through the
+    # hooks libvaswap.so exports (what LD_PRELOAD would route the program's calls to).
+    cudart = ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+    hooks = vaswap._lib.load()
+    stream = ctypes.c_void_p()
+    assert cudart.cudaStreamCreate(ctypes.byref(stream)) == 0
+    assert hooks.cudaStreamBeginCapture(stream, 0) == 0  # global mode
+    mode = ctypes.c_int(2)  # relaxed, as PyTorch's allocator switches to
+    assert hooks.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    va = ctypes.c_void_p()
+    assert hooks.cudaMalloc(ctypes.byref(va), ctypes.c_size_t(16 * MiB)) == 0
+    assert hooks.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    graph = ctypes.c_void_p()
+    assert hooks.cudaStreamEndCapture(stream, ctypes.byref(graph)) == 0
+
+    found = vaswap.Slot.find(va.value + 4096)
+    assert found.address == va.value and found.nbytes == 16 * MiB and found.mapped
+    found.close()  # forgets the handle, never destroys the slot
+    again = vaswap.Slot.find(va.value)
+    assert again.address == va.value
+    own = vaswap.Slot(nbytes=2 * MiB)  # vaswap_slot_create's slots are not the preload's
+    with pytest.raises(vaswap.VaswapError) as e:
+        vaswap.Slot.find(own.address)
+    assert e.value.status == "VASWAP_ERROR_NOT_FOUND"
+    own.close()
+    assert hooks.cudaFree(va) == 0  # the program's free destroys the slot
+    with pytest.raises(vaswap.VaswapError) as e:
+        vaswap.Slot.find(va.value)
+    assert e.value.status == "VASWAP_ERROR_NOT_FOUND"
+    assert cudart.cudaGraphDestroy(graph) == 0
+    assert cudart.cudaStreamDestroy(stream) == 0
