@@ -267,6 +267,35 @@ TEST_F(Slots, AddressStableAcrossOffloadRemapAndDeferredCopy) {
   EXPECT_EQ(mismatches(read_device(va, n), 3, 1, 0), 0u);
 }
 
+// The planner's counters reach vaswap_get_stats. libvaswap.so's hooks see this test's graph
+// launches: four of one graph are three identical periods and the start of a fourth
+// (schedule.learning_steps), so one plan comes into force. The graph uses no slot of the
+// preload's (vaswap_slot_create's slots are the caller's), so nothing is offloaded.
+TEST_F(Slots, PlannerCountersReachTheStats) {
+  const uint32_t n = 1024;
+  vaswap_slot slot = make_slot(2 * kMiB);
+  const uint64_t a = info_of(slot).va;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  add(a, 1, n, stream_);
+  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  vaswap_stats before{};
+  VASWAP_OK_(vaswap_get_stats(&before));
+  for (int i = 0; i < 4; ++i) CUDA_OK(cudaGraphLaunch(exec, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  vaswap_stats after{};
+  VASWAP_OK_(vaswap_get_stats(&after));
+  EXPECT_EQ(after.graph_launches_seen - before.graph_launches_seen, 4u);
+  EXPECT_EQ(after.plans - before.plans, 1u);
+  EXPECT_EQ(after.regions_offloaded, before.regions_offloaded);
+  EXPECT_EQ(after.planned_offloads, before.planned_offloads);
+  EXPECT_EQ(after.on_demand_restores, before.on_demand_restores);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 // Two slots offloaded and restored together 100 times around a graph captured once against
 // their addresses. The graph adds 1 to A and writes B = 3 * A on every replay.
 TEST_F(Slots, GraphReplayAcrossHundredReleaseRemapCycles) {
