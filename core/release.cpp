@@ -127,6 +127,36 @@ void Engine::h2d_done(Device& d) {
 }
 
 void Engine::run_release(ReleaseJob& job) {
+  // The callback ran after the burst, so its events are complete: read their times without
+  // waiting. A copy's start is placed on the host clock by counting back from the callback. Done
+  // before any slot is marked released, so a D2H is in the trace (and the counters) before
+  // anything can remap its slot.
+  if (!job.copy_events.empty()) {
+    float total_ms = 0;
+    driver_.cuEventElapsedTime(&total_ms, job.copy_events.front(), job.copy_events.back());
+    for (size_t i = 0; i < job.slots.size(); ++i) {
+      float offset_ms = 0, copy_ms = 0;
+      driver_.cuEventElapsedTime(&offset_ms, job.copy_events[0], job.copy_events[i]);
+      driver_.cuEventElapsedTime(&copy_ms, job.copy_events[i], job.copy_events[i + 1]);
+      const SlotFacts* slot = &job.facts[i];
+      bytes_offloaded_.fetch_add(slot->bytes);
+      if (trace::enabled()) {
+        const auto back_ns = static_cast<uint64_t>(std::max(0.0f, total_ms - offset_ms) * 1e6f);
+        trace::Record(trace::Event::d2h)
+            .at(job.callback_ns - std::min(back_ns, job.callback_ns))
+            .add("slot", slot->id)
+            .hex("va", slot->va)
+            .add("bytes", static_cast<uint64_t>(slot->bytes))
+            .add("device", slot->device)
+            .hex("stream", stream_id(job.stream))
+            .add("batch", job.batch)
+            .add("dur_us", static_cast<double>(copy_ms) * 1e3)
+            .emit();
+      }
+    }
+    for (CUevent event : job.copy_events) driver_.cuEventDestroy(event);
+    job.copy_events.clear();
+  }
   {
     // Unmapping while vaswap's own H2D runs would halve that copy's bandwidth; the pages can
     // wait the few milliseconds until it completes (it does not depend on this release).
@@ -161,33 +191,6 @@ void Engine::run_release(ReleaseJob& job) {
       slot->release_pending = false;
     }
     changed_.notify_all();
-  }
-  // The callback ran after the burst, so its events are complete: read their times without
-  // waiting. A copy's start is placed on the host clock by counting back from the callback.
-  if (!job.copy_events.empty()) {
-    float total_ms = 0;
-    driver_.cuEventElapsedTime(&total_ms, job.copy_events.front(), job.copy_events.back());
-    for (size_t i = 0; i < job.slots.size(); ++i) {
-      float offset_ms = 0, copy_ms = 0;
-      driver_.cuEventElapsedTime(&offset_ms, job.copy_events[0], job.copy_events[i]);
-      driver_.cuEventElapsedTime(&copy_ms, job.copy_events[i], job.copy_events[i + 1]);
-      const SlotFacts* slot = &job.facts[i];
-      bytes_offloaded_.fetch_add(slot->bytes);
-      if (trace::enabled()) {
-        const auto back_ns = static_cast<uint64_t>(std::max(0.0f, total_ms - offset_ms) * 1e6f);
-        trace::Record(trace::Event::d2h)
-            .at(job.callback_ns - std::min(back_ns, job.callback_ns))
-            .add("slot", slot->id)
-            .hex("va", slot->va)
-            .add("bytes", static_cast<uint64_t>(slot->bytes))
-            .add("device", slot->device)
-            .hex("stream", stream_id(job.stream))
-            .add("batch", job.batch)
-            .add("dur_us", static_cast<double>(copy_ms) * 1e3)
-            .emit();
-      }
-    }
-    for (CUevent event : job.copy_events) driver_.cuEventDestroy(event);
   }
 }
 
