@@ -60,6 +60,7 @@ void Engine::start_release(const char* call, const std::vector<Slot*>& slots,
   }
   job->engine = this;
   job->batch = next_id_.fetch_add(1);
+  const uint64_t batch = job->batch;
   job->slots = slots;
   for (const Slot* slot : slots) job->facts.push_back(facts_of(*slot));
   job->stream = stream;
@@ -95,6 +96,9 @@ void Engine::start_release(const char* call, const std::vector<Slot*>& slots,
     }
     check(driver_.cuLaunchHostFunc(stream, &Engine::on_release_point, job.get()),
           "cuLaunchHostFunc", "the release point of " + slots[0]->describe() + "'s batch");
+    // Owned by the callback from here on: its worker may finish and delete the job before this
+    // function returns, so nothing below may touch it.
+    static_cast<void>(job.release());
   } catch (...) {
     for (CUevent event : job->copy_events) {
       if (event != nullptr) driver_.cuEventDestroy(event);
@@ -108,14 +112,13 @@ void Engine::start_release(const char* call, const std::vector<Slot*>& slots,
   }
   if (trace::enabled()) {
     trace::Record(trace::Event::release_queued)
-        .add("batch", job->batch)
+        .add("batch", batch)
         .add("slots", static_cast<uint64_t>(slots.size()))
         .add("d2h_bytes", bytes)
         .add("device", slots[0]->device)
         .hex("stream", stream_id(stream))
         .emit();
   }
-  static_cast<void>(job.release());  // owned by the callback from here on
 }
 
 void Engine::h2d_done(Device& d) {

@@ -153,6 +153,8 @@ TEST_F(StreamTest, HostFunctionsMayNotCallCuda) {
   struct Result {
     CUresult rc = CUDA_SUCCESS;
   } result;
+  // Read before the launch: the host function may run at once.
+  const unsigned long long violations_before = vaswapSimHostFnViolations();
   ASSERT_CU(cuLaunchHostFunc(
       s,
       [](void* r) {
@@ -160,7 +162,6 @@ TEST_F(StreamTest, HostFunctionsMayNotCallCuda) {
         static_cast<Result*>(r)->rc = cuMemAlloc(&p, 4096);
       },
       &result));
-  const unsigned long long violations_before = vaswapSimHostFnViolations();
   ASSERT_CU(cuStreamSynchronize(s));
   EXPECT_EQ(CUDA_ERROR_NOT_PERMITTED, result.rc);
   EXPECT_EQ(vaswapSimHostFnViolations() - violations_before, 1u);  // counted for vaswap's tests
