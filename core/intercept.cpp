@@ -700,13 +700,20 @@ void hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>
 
 }  // namespace
 
-bool eager_wanted() { return planner::wants_eager(); }
+// Until the preload has made a slot there is nothing for eager work to use: no scan.
+bool eager_wanted() {
+  return tables().slots.load(std::memory_order_relaxed) != 0 && planner::wants_eager();
+}
 
-bool driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
+Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
   const Driver* driver = load_driver(nullptr);
-  return driver != nullptr &&
-         kernel_param_info(*driver, static_cast<CUfunction>(const_cast<void*>(function)), nullptr,
-                           index, offset, bytes);
+  if (driver == nullptr) return Param::unknown;
+  CUresult failure = CUDA_SUCCESS;
+  if (kernel_param_info(*driver, static_cast<CUfunction>(const_cast<void*>(function)), nullptr,
+                        index, offset, bytes, &failure)) {
+    return Param::found;
+  }
+  return failure == CUDA_ERROR_INVALID_VALUE ? Param::end : Param::unknown;
 }
 
 void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
@@ -731,16 +738,16 @@ void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void*
       if (it != t.layouts.end()) layout = it->second;
     }
     if (layout.empty()) {
+      Param answer = Param::found;
       for (size_t i = 0;; ++i) {
         size_t offset = 0, size = 0;
-        if (!kernel.param_info(kernel.key, i, &offset, &size)) break;
+        answer = kernel.param_info(kernel.key, i, &offset, &size);
+        if (answer != Param::found) break;
         layout.emplace_back(offset, size);
       }
-      if (layout.empty()) {
+      if (layout.empty() && answer == Param::unknown) {
         // No layout: what the kernel uses is unknown, so every slot is made resident for it
-        // (said once). A kernel without parameters has a layout of one empty entry.
-        size_t offset = 0, size = 0;
-        const bool has_none = !kernel.param_info(kernel.key, 0, &offset, &size);
+        // (said once).
         static std::atomic<bool> said{false};
         if (!said.exchange(true)) {
           log().info(
@@ -748,7 +755,9 @@ void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void*
               "resident before such eager kernels",
               call.symbol);
         }
-        layout.emplace_back(has_none ? SIZE_MAX : 0, 0);
+        layout.emplace_back(SIZE_MAX, 0);
+      } else if (layout.empty()) {
+        layout.emplace_back(0, 0);  // no parameters: nothing to scan, remembered all the same
       }
       std::lock_guard<std::mutex> lock(t.layouts_mutex);
       t.layouts[kernel.key] = layout;

@@ -94,14 +94,17 @@ void graph_destroyed(const Call& call, CUgraph graph);
 // True when eager work must be scanned (planner.h: while learning, and with the guard on). The
 // hooks forward at once otherwise. One relaxed load.
 bool eager_wanted();
+// What asking for one kernel parameter's place gave: the place, the end of the list (a kernel
+// has that many parameters), or nothing (the kernel gives no layout).
+enum class Param { found, end, unknown };
 // A kernel and how to ask for its parameter layout: a runtime host stub with
 // cudaFuncGetParamInfo, or a CUfunction with cuFuncGetParamInfo. Layouts are cached by `key`.
 struct Kernel {
   const void* key;
-  bool (*param_info)(const void* key, size_t index, size_t* offset, size_t* bytes);
+  Param (*param_info)(const void* key, size_t index, size_t* offset, size_t* bytes);
 };
-// cuFuncGetParamInfo through the driver vaswap loaded; `function` is a CUfunction.
-bool driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes);
+// cuFuncGetParamInfo (else cuKernelGetParamInfo) through the driver vaswap loaded.
+Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes);
 // Before a kernel launch: its parameters (laid out as the kernel says) or its packed `extra`
 // buffer are scanned for slot addresses.
 void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,

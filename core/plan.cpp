@@ -56,9 +56,10 @@ class Link {
 
 struct Candidate {
   Window window;
-  uint64_t bytes = 0;                 // copied
-  uint64_t pages = 0;                 // freed
-  double away_from = 0, away_to = 0;  // unrolled: released to mapped again
+  uint64_t bytes = 0;                   // copied
+  uint64_t pages = 0;                   // freed
+  double away_from = 0, away_to = 0;    // unrolled: released to mapped again
+  double d2h_start = 0, h2d_start = 0;  // where the copies sit on the links
   double benefit = 0;
 };
 
@@ -115,14 +116,14 @@ class Chooser {
     c.away_from = released;
     c.away_to = mapped;
     c.benefit = static_cast<double>(c.pages) * std::max(0.0, w.freed_us);
-    d2h_start_ = d2h_start;
-    h2d_start_ = h2d_start;
+    c.d2h_start = d2h_start;
+    c.h2d_start = h2d_start;
     return c;
   }
 
   void take(const Candidate& c) {
-    d2h_.take(d2h_start_, kCopyMargin * model_.d2h_us(c.bytes));
-    h2d_.take(h2d_start_, kCopyMargin * model_.h2d_us(c.bytes));
+    d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
+    h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
     taken_.push_back(c);
   }
 
@@ -157,7 +158,6 @@ class Chooser {
   const Knobs& knobs_;
   Link d2h_, h2d_;
   std::vector<Candidate> taken_;
-  mutable double d2h_start_ = 0, h2d_start_ = 0;  // of the last evaluate()
 };
 
 }  // namespace

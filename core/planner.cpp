@@ -83,6 +83,9 @@ class MemorySampler {
   MemorySampler(const Driver& driver, CUcontext context, int device, uint64_t interval_ns)
       : thread_([this, &driver, context, device, interval_ns] {
           driver.cuCtxSetCurrent(context);
+          // Invariant 5: like every vaswap thread, never able to invalidate a global capture.
+          CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+          driver.cuThreadExchangeStreamCaptureMode(&relaxed);
           size_t last = 0;
           std::unique_lock<std::mutex> lock(mutex_);
           while (!stop_) {
@@ -177,7 +180,7 @@ class Planner {
   Streams& streams(int device);
   // Destroys an adopted (or orphaned) restore on a worker: that waits for its copies to complete.
   void reap(RemapBatch* batch);
-  CUevent take_event();
+  CUevent new_event();
   void drop_events(std::vector<Seen>& seen);
   void learn(const char* why);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
@@ -358,7 +361,7 @@ void Planner::reap(RemapBatch* batch) {
 void Planner::wait_submitted(RemapBatch* batch, CUstream stream) {
   Engine& e = engine();
   const Driver& driver = *load_driver(nullptr);
-  CUevent probe = take_event();
+  CUevent probe = new_event();
   driver.cuEventRecord(probe, stream);
   while (!e.wait_submitted_for(batch, 20)) {
     const CUresult rc = driver.cuEventQuery(probe);
@@ -413,7 +416,7 @@ void Planner::offload(const std::vector<Slot*>& slots, CUstream stream, int posi
   Streams& own = streams(device);
   try {
     for (CUstream s : after) {
-      CUevent event = take_event();
+      CUevent event = new_event();
       driver.cuEventRecord(event, s);
       driver.cuStreamWaitEvent(own.offload, event, 0);
       driver.cuEventDestroy(event);  // released once the wait has seen it
@@ -467,7 +470,7 @@ void Planner::restore(const std::vector<Slot*>& slots, CUstream stream, int posi
   RemapBatch* remap = nullptr;
   try {
     // The pages are mapped as soon as the releases are done; the H2D waits for this point.
-    CUevent point = take_event();
+    CUevent point = new_event();
     driver.cuEventRecord(point, stream);
     remap = engine().remap_when(batch, hosts, point);
   } catch (const Error& error) {
@@ -479,7 +482,7 @@ void Planner::restore(const std::vector<Slot*>& slots, CUstream stream, int posi
   counters_.planned_restores += batch.size();
 }
 
-CUevent Planner::take_event() {
+CUevent Planner::new_event() {
   CUevent event = nullptr;
   if (load_driver(nullptr)->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
     fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
@@ -525,7 +528,7 @@ void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*
   Seen s;
   s.exec = exec;
   s.uses = slots;
-  s.start = take_event();
+  s.start = new_event();
   driver.cuEventRecord(s.start, stream);
   seen_.push_back(std::move(s));
   std::vector<CUgraphExec> keys;
@@ -943,7 +946,7 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture) {
     return;
   }
   try {
-    seen_.back().end = take_event();
+    seen_.back().end = new_event();
     load_driver(nullptr)->cuEventRecord(seen_.back().end, stream);
   } catch (const Error& error) {
     log().warn("a learning timing event: {}", error.what());

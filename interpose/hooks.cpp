@@ -371,7 +371,8 @@ struct Launch<R (*)(CUgraphExec, CUstream)> {
 
 // A runtime kernel's parameter layout, from libcudart's cudaFuncGetParamInfo (CUDA 12.4 and
 // later), or else through cudaGetFuncBySymbol and the driver's cuFuncGetParamInfo.
-bool runtime_param_info(const void* host_function, size_t index, size_t* offset, size_t* bytes) {
+intercept::Param runtime_param_info(const void* host_function, size_t index, size_t* offset,
+                                    size_t* bytes) {
   using ParamInfo = cudaError_t (*)(const void*, size_t, size_t*, size_t*);
   using GetFunc = cudaError_t (*)(cudaFunction_t*, const void*);
   static std::atomic<ParamInfo> param_info{nullptr};
@@ -381,16 +382,20 @@ bool runtime_param_info(const void* host_function, size_t index, size_t* offset,
     info = reinterpret_cast<ParamInfo>(find_runtime_symbol("cudaFuncGetParamInfo", nullptr));
     if (info != nullptr) param_info.store(info, std::memory_order_release);
   }
-  if (info != nullptr) return info(host_function, index, offset, bytes) == cudaSuccess;
+  if (info != nullptr) {
+    const cudaError_t rc = info(host_function, index, offset, bytes);
+    if (rc == cudaSuccess) return intercept::Param::found;
+    return rc == cudaErrorInvalidValue ? intercept::Param::end : intercept::Param::unknown;
+  }
   GetFunc get = get_func.load(std::memory_order_acquire);
   if (get == nullptr) {
     get = reinterpret_cast<GetFunc>(find_runtime_symbol("cudaGetFuncBySymbol", nullptr));
-    if (get == nullptr) return false;
+    if (get == nullptr) return intercept::Param::unknown;
     get_func.store(get, std::memory_order_release);
   }
   cudaFunction_t function = nullptr;
-  return get(&function, host_function) == cudaSuccess &&
-         intercept::driver_param_info(function, index, offset, bytes);
+  if (get(&function, host_function) != cudaSuccess) return intercept::Param::unknown;
+  return intercept::driver_param_info(function, index, offset, bytes);
 }
 
 template <class Fn>
