@@ -144,6 +144,13 @@ extern "C" unsigned long long vaswapSimHostFnViolations(void) {
   return g_host_fn_violations.load();
 }
 
+extern "C" void vaswapSimSetSingleQueue(int single) {
+  for (Device& d : devices()) {
+    std::lock_guard<std::mutex> lock(d.queue_mutex);
+    d.single_queue = single != 0;
+  }
+}
+
 extern "C" unsigned long long vaswapSimPhysicalBytes(int device) {
   if (device < 0 || device >= device_count()) return 0;
   return devices()[static_cast<size_t>(device)].physical_bytes.load();
@@ -174,6 +181,9 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
         at = comma + 1;
       }
     }
+    // Read once, at start, as the driver reads it when it creates a context.
+    const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const bool single_queue = connections != nullptr && std::atoi(connections) == 1;
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
@@ -181,6 +191,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
           caps.empty() ? std::string("16GiB") : caps[std::min(caps.size() - 1, size_t(i))];
       devs[static_cast<size_t>(i)].capacity_bytes = parse_bytes(cap, size_t{16} << 30);
       devs[static_cast<size_t>(i)].primary.device = i;
+      devs[static_cast<size_t>(i)].single_queue = single_queue;
     }
     devices().swap(devs);
     g_initialized.store(true, std::memory_order_release);
@@ -242,6 +253,8 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUd
       {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
       {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 2},
       {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 1},
   };
   *value = 0;
   for (const auto& entry : kAttributes) {

@@ -76,6 +76,7 @@ std::unique_ptr<Node> Node::clone(Graph* new_owner,
   n->memset = memset;
   n->host_fn = host_fn;
   n->host_data = host_data;
+  n->memops = memops;
   if (child) n->child = child->clone();
   rebind_kernel_args(n.get());
   return n;
@@ -92,7 +93,23 @@ void Node::run() const {
       tls_in_host_fn = false;
       break;
     case CU_GRAPH_NODE_TYPE_GRAPH: child->run(); break;
+    case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: run_memops(memops); break;
     default: break;
+  }
+}
+
+bool Node::holds_queue() const {
+  switch (type) {
+    case CU_GRAPH_NODE_TYPE_HOST: return true;
+    case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+      return std::any_of(memops.begin(), memops.end(), [](const CUstreamBatchMemOpParams& op) {
+        return op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 ||
+               op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+      });
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      return std::any_of(child->nodes.begin(), child->nodes.end(),
+                         [](const std::unique_ptr<Node>& n) { return n->holds_queue(); });
+    default: return false;
   }
 }
 
@@ -122,6 +139,16 @@ void Graph::run() const {
 }  // namespace vsim
 
 using namespace vsim;
+
+// A kernel node from any revision of the kernel-node parameters (v1, v2, v3 share these fields).
+template <class Params>
+static CUresult kernel_node_of(const Params* p, std::unique_ptr<Node>* out) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const vaswap_sim_dims dims{{p->gridDimX, p->gridDimY, p->gridDimZ},
+                             {p->blockDimX, p->blockDimY, p->blockDimZ},
+                             p->sharedMemBytes};
+  return make_kernel_node(p->func, dims, p->kernelParams, p->extra, out);
+}
 
 static bool deps_belong(Graph* g, const CUgraphNode* deps, size_t n) {
   if (n > 0 && deps == nullptr) return false;
@@ -171,12 +198,8 @@ CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraph
 CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
                                          size_t n, const CUDA_KERNEL_NODE_PARAMS* p) {
   SIM_ENTER();
-  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const vaswap_sim_dims dims{{p->gridDimX, p->gridDimY, p->gridDimZ},
-                             {p->blockDimX, p->blockDimY, p->blockDimZ},
-                             p->sharedMemBytes};
   std::unique_ptr<Node> node;
-  SIM_TRY(make_kernel_node(p->func, dims, p->kernelParams, p->extra, &node));
+  SIM_TRY(kernel_node_of(p, &node));
   return add_node(out, hg, deps, n, std::move(node));
 }
 
@@ -351,10 +374,38 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
   SIM_TRY(current_device(&dev));
   auto exec = std::make_shared<GraphExec>();
   exec->graph = std::shared_ptr<Graph>(g->clone().release());
+  for (size_t i = 0; i < g->nodes.size(); ++i) exec->index_of[g->nodes[i].get()] = i;
   exec->device = dev;
   std::lock_guard<std::mutex> lock(graph_mutex());
   exec_registry()[exec.get()] = exec;
   *out = reinterpret_cast<CUgraphExec>(exec.get());
+  return CUDA_SUCCESS;
+}
+
+static std::shared_ptr<GraphExec> lookup_exec(CUgraphExec he) {
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto it = exec_registry().find(reinterpret_cast<GraphExec*>(he));
+  return it == exec_registry().end() ? nullptr : it->second;
+}
+
+// Replaces the executable's copy of `hn` (a node of the graph it was made from) with `node`,
+// keeping its dependencies. Copy on write: launches already enqueued keep the old graph, as CUDA
+// documents ("already enqueued or running launches are not affected").
+static CUresult replace_exec_node(CUgraphExec he, CUgraphNode hn, std::unique_ptr<Node> node) {
+  auto exec = lookup_exec(he);
+  Node* source = lookup_node(hn);
+  if (!exec || source == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(exec->mutex);
+  auto it = exec->index_of.find(source);
+  if (it == exec->index_of.end()) return CUDA_ERROR_INVALID_VALUE;
+  const Node& old = *exec->graph->nodes[it->second];
+  if (old.type != node->type) return CUDA_ERROR_INVALID_VALUE;  // a node keeps its kind
+  std::shared_ptr<Graph> updated(exec->graph->clone().release());
+  node->owner = updated.get();
+  node->deps = updated->nodes[it->second]->deps;
+  rebind_kernel_args(node.get());
+  updated->nodes[it->second] = std::move(node);
+  exec->graph = std::move(updated);
   return CUDA_SUCCESS;
 }
 
@@ -402,19 +453,168 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
 
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {
   SIM_ENTER();
-  std::shared_ptr<GraphExec> exec;
-  {
-    std::lock_guard<std::mutex> lock(graph_mutex());
-    auto it = exec_registry().find(reinterpret_cast<GraphExec*>(he));
-    if (it == exec_registry().end()) return CUDA_ERROR_INVALID_VALUE;
-    exec = it->second;
-  }
+  auto exec = lookup_exec(he);
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
   // Launched into a capture, a graph becomes a child-graph node; otherwise it runs as one
   // stream operation. The node keeps the executable alive until it has run.
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_GRAPH;
-  node->child = exec->graph;
+  {
+    std::lock_guard<std::mutex> lock(exec->mutex);
+    node->child = exec->graph;
+  }
   return submit(hs, std::move(node));
+}
+
+// -----------------------------------------------------------------------------------------------
+// Updates of executable graphs
+// -----------------------------------------------------------------------------------------------
+
+// The whole graph, if its topology matches (same nodes, of the same kinds, in the same order).
+CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg,
+                                      CUgraphExecUpdateResultInfo* info) {
+  SIM_ENTER();
+  auto exec = lookup_exec(he);
+  Graph* g = lookup_graph(hg);
+  if (!exec || g == nullptr || info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *info = CUgraphExecUpdateResultInfo{};
+  std::lock_guard<std::mutex> lock(exec->mutex);
+  const auto& now = exec->graph->nodes;
+  bool same = now.size() == g->nodes.size();
+  for (size_t i = 0; same && i < now.size(); ++i) {
+    if (now[i]->type != g->nodes[i]->type) {
+      same = false;
+      info->errorNode = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
+      info->result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+    }
+  }
+  if (!same) {
+    if (info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+      info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    }
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  exec->graph = std::shared_ptr<Graph>(g->clone().release());
+  for (size_t i = 0; i < g->nodes.size(); ++i) exec->index_of[g->nodes[i].get()] = i;
+  info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+// The CUDA 10.2-11.x ABI.
+CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec he, CUgraph hg, CUgraphNode* error_node,
+                                   CUgraphExecUpdateResult* result) {
+  CUgraphExecUpdateResultInfo info{};
+  const CUresult rc = cuGraphExecUpdate_v2(he, hg, &info);
+  if (error_node != nullptr) *error_node = info.errorNode;
+  if (result != nullptr) *result = info.result;
+  return rc;
+}
+
+CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, CUgraphNode hn,
+                                                   const CUDA_KERNEL_NODE_PARAMS* p) {
+  SIM_ENTER();
+  std::unique_ptr<Node> node;
+  SIM_TRY(kernel_node_of(p, &node));
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphExecKernelNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  SIM_ENTER();
+  std::unique_ptr<Node> node;
+  SIM_TRY(kernel_node_of(p, &node));
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                const CUDA_MEMCPY3D* copy, CUcontext ctx) {
+  SIM_ENTER();
+  (void)ctx;
+  if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  node->copy = *copy;
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                const CUDA_MEMSET_NODE_PARAMS* params,
+                                                CUcontext ctx) {
+  SIM_ENTER();
+  (void)ctx;
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMSET;
+  node->memset = *params;
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec he, CUgraphNode hn, CUgraph child) {
+  SIM_ENTER();
+  Graph* c = lookup_graph(child);
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_GRAPH;
+  node->child = c->clone();
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+// The generic form: the simulator knows kernel nodes only through the typed calls.
+CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                          CUgraphNodeParams* params) {
+  SIM_ENTER();
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_NOT_SUPPORTED;
+  std::unique_ptr<Node> node;
+  SIM_TRY(kernel_node_of(&params->kernel, &node));
+  return replace_exec_node(he, hn, std::move(node));
+}
+
+// -----------------------------------------------------------------------------------------------
+// Batch memory-operation nodes (stream memory operations in a graph)
+// -----------------------------------------------------------------------------------------------
+
+static CUresult memop_node(const CUDA_BATCH_MEM_OP_NODE_PARAMS* p, std::unique_ptr<Node>* out) {
+  if (p == nullptr || p->count == 0 || p->paramArray == nullptr || p->flags != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_BATCH_MEM_OP;
+  for (unsigned i = 0; i < p->count; ++i) {
+    SIM_TRY(check_memop(p->paramArray[i]));
+    node->memops.push_back(p->paramArray[i]);
+  }
+  *out = std::move(node);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphAddBatchMemOpNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                          size_t n, const CUDA_BATCH_MEM_OP_NODE_PARAMS* p) {
+  SIM_ENTER();
+  std::unique_ptr<Node> node;
+  SIM_TRY(memop_node(p, &node));
+  return add_node(out, hg, deps, n, std::move(node));
+}
+
+CUresult CUDAAPI cuGraphBatchMemOpNodeGetParams(CUgraphNode hn, CUDA_BATCH_MEM_OP_NODE_PARAMS* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_BATCH_MEM_OP) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  p->ctx = nullptr;
+  p->count = static_cast<unsigned>(n->memops.size());
+  p->paramArray = n->memops.data();
+  p->flags = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphExecBatchMemOpNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                    const CUDA_BATCH_MEM_OP_NODE_PARAMS* p) {
+  SIM_ENTER();
+  std::unique_ptr<Node> node;
+  SIM_TRY(memop_node(p, &node));
+  return replace_exec_node(he, hn, std::move(node));
 }
 
 CUresult CUDAAPI cuGraphUpload(CUgraphExec he, CUstream hs) {

@@ -80,6 +80,16 @@ SIM_PER_THREAD(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
                 const CUgraphNode** d, const CUgraphEdgeData** e, size_t* n),
                (h, s, id, g, d, e, n))
 SIM_PER_THREAD(cuGraphLaunch_ptsz, cuGraphLaunch, (CUgraphExec g, CUstream h), (g, h))
+SIM_PER_THREAD(cuStreamWaitValue32_v2_ptsz, cuStreamWaitValue32_v2,
+               (CUstream h, CUdeviceptr a, cuuint32_t v, unsigned f), (h, a, v, f))
+SIM_PER_THREAD(cuStreamWaitValue64_v2_ptsz, cuStreamWaitValue64_v2,
+               (CUstream h, CUdeviceptr a, cuuint64_t v, unsigned f), (h, a, v, f))
+SIM_PER_THREAD(cuStreamWriteValue32_v2_ptsz, cuStreamWriteValue32_v2,
+               (CUstream h, CUdeviceptr a, cuuint32_t v, unsigned f), (h, a, v, f))
+SIM_PER_THREAD(cuStreamWriteValue64_v2_ptsz, cuStreamWriteValue64_v2,
+               (CUstream h, CUdeviceptr a, cuuint64_t v, unsigned f), (h, a, v, f))
+SIM_PER_THREAD(cuStreamBatchMemOp_v2_ptsz, cuStreamBatchMemOp_v2,
+               (CUstream h, unsigned n, CUstreamBatchMemOpParams* p, unsigned f), (h, n, p, f))
 SIM_PER_THREAD(cuGraphUpload_ptsz, cuGraphUpload, (CUgraphExec g, CUstream h), (g, h))
 SIM_PER_THREAD(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams,
                (CUgraphExec * e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* p), (e, g, p))
@@ -224,6 +234,27 @@ const Entry kEntries[] = {
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     EP("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     EP("cuGraphUpload", 11010, cuGraphUpload, cuGraphUpload_ptsz),
+    E("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
+    E("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
+    E("cuGraphExecKernelNodeSetParams", 10010, cuGraphExecKernelNodeSetParams),
+    E("cuGraphExecKernelNodeSetParams", 12000, cuGraphExecKernelNodeSetParams_v2),
+    E("cuGraphExecMemcpyNodeSetParams", 10020, cuGraphExecMemcpyNodeSetParams),
+    E("cuGraphExecMemsetNodeSetParams", 10020, cuGraphExecMemsetNodeSetParams),
+    E("cuGraphExecChildGraphNodeSetParams", 11010, cuGraphExecChildGraphNodeSetParams),
+    E("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams),
+    E("cuGraphAddBatchMemOpNode", 11070, cuGraphAddBatchMemOpNode),
+    E("cuGraphBatchMemOpNodeGetParams", 11070, cuGraphBatchMemOpNodeGetParams),
+    E("cuGraphExecBatchMemOpNodeSetParams", 11070, cuGraphExecBatchMemOpNodeSetParams),
+    EP("cuStreamWaitValue32", 8000, cuStreamWaitValue32, cuStreamWaitValue32_v2_ptsz),
+    EP("cuStreamWaitValue32", 11070, cuStreamWaitValue32_v2, cuStreamWaitValue32_v2_ptsz),
+    EP("cuStreamWaitValue64", 9000, cuStreamWaitValue64, cuStreamWaitValue64_v2_ptsz),
+    EP("cuStreamWaitValue64", 11070, cuStreamWaitValue64_v2, cuStreamWaitValue64_v2_ptsz),
+    EP("cuStreamWriteValue32", 8000, cuStreamWriteValue32, cuStreamWriteValue32_v2_ptsz),
+    EP("cuStreamWriteValue32", 11070, cuStreamWriteValue32_v2, cuStreamWriteValue32_v2_ptsz),
+    EP("cuStreamWriteValue64", 9000, cuStreamWriteValue64, cuStreamWriteValue64_v2_ptsz),
+    EP("cuStreamWriteValue64", 11070, cuStreamWriteValue64_v2, cuStreamWriteValue64_v2_ptsz),
+    EP("cuStreamBatchMemOp", 8000, cuStreamBatchMemOp, cuStreamBatchMemOp_v2_ptsz),
+    EP("cuStreamBatchMemOp", 11070, cuStreamBatchMemOp_v2, cuStreamBatchMemOp_v2_ptsz),
     // Simulator controls (not CUDA): reachable the same way, so the simulated runtime needs no
     // link-time dependency on the simulated driver.
     E("vaswapSimInjectFault", 0, vaswapSimInjectFault),
@@ -231,6 +262,8 @@ const Entry kEntries[] = {
     E("vaswapSimFaultCheck", 0, vaswapSimFaultCheck),
     E("vaswapSimPhysicalBytes", 0, vaswapSimPhysicalBytes),
     E("vaswapSimHostFnViolations", 0, vaswapSimHostFnViolations),
+    E("vaswapSimSetSingleQueue", 0, vaswapSimSetSingleQueue),
+    E("vaswapSimSetMemopsSupported", 0, vaswapSimSetMemopsSupported),
 };
 
 #undef E

@@ -87,6 +87,15 @@ struct Device {
   size_t capacity_bytes = 0;
   std::atomic<size_t> physical_bytes{0};
   Context primary;
+  // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of the device feeds one hardware queue. An
+  // operation is dispatched only after every operation submitted before it (from any stream) was
+  // dispatched, and a waiting operation (event wait, wait-value, host function) is dispatched only
+  // once it is done: it blocks the queue behind it, as on a GPU.
+  std::atomic<bool> single_queue{false};
+  std::mutex queue_mutex;
+  std::condition_variable queue_cv;
+  uint64_t queue_submitted = 0;   // sequence numbers handed out
+  uint64_t queue_dispatched = 0;  // every operation up to this one has been dispatched
 };
 
 std::vector<Device>& devices();
@@ -129,10 +138,15 @@ struct Node {
   void* host_data = nullptr;
   // CU_GRAPH_NODE_TYPE_GRAPH
   std::shared_ptr<Graph> child;  // shared with the executable graph a launch came from
+  // CU_GRAPH_NODE_TYPE_BATCH_MEM_OP (also what a captured stream memory operation becomes)
+  std::vector<CUstreamBatchMemOpParams> memops;
 
   std::unique_ptr<Node> clone(Graph* new_owner,
                               const std::unordered_map<const Node*, Node*>& remap) const;
   void run() const;  // executes the node on the calling (stream worker) thread
+  // True when the node waits for something outside its stream (a wait-value operation, a host
+  // function): with one hardware queue per device it holds the queue until it is done.
+  bool holds_queue() const;
 };
 
 struct Graph {
@@ -153,7 +167,12 @@ struct Graph {
 struct GraphExec {
   static constexpr uint32_t kMagic = 0x43584547;  // "GEXC"
   uint32_t magic = kMagic;
-  std::shared_ptr<Graph> graph;  // a snapshot taken at instantiation
+  std::mutex mutex;              // guards `graph` and `index_of`
+  std::shared_ptr<Graph> graph;  // a snapshot taken at instantiation; replaced, never edited,
+                                 // by updates, so launches in flight keep what they started with
+  // The nodes of the graph it was instantiated from (or last updated from), by their position:
+  // how cuGraphExec*SetParams finds the executable's copy of a node.
+  std::unordered_map<const Node*, size_t> index_of;
   int device = 0;
 };
 
@@ -189,9 +208,14 @@ struct Stream {
   uint64_t id = 0;
 
   // Work queue; tickets count operations: the op pushed as ticket t is done once completed >= t.
+  struct Op {
+    std::function<void()> run;
+    uint64_t queue_sequence = 0;  // on the device's single queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
+    bool holds_queue = false;     // dispatched only once done (see Device::single_queue)
+  };
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::function<void()>> ops;
+  std::deque<Op> ops;
   uint64_t enqueued = 0;
   uint64_t completed = 0;
   bool stopping = false;
@@ -201,7 +225,7 @@ struct Stream {
   Capture* capture = nullptr;
   std::vector<Node*> capture_deps;
 
-  uint64_t push(std::function<void()> op);
+  uint64_t push(std::function<void()> op, bool holds_queue = false);
   uint64_t tail();
   bool done(uint64_t ticket);
   void wait(uint64_t ticket);
@@ -269,5 +293,17 @@ CUDA_MEMCPY3D linear_copy(void* dst, CUmemorytype dst_type, const void* src, CUm
                           size_t bytes);
 void run_copy(const CUDA_MEMCPY3D& c);
 void run_memset(const CUDA_MEMSET_NODE_PARAMS& m);
+
+// ---------------------------------------------------------------------------------------------
+// Stream memory operations
+// ---------------------------------------------------------------------------------------------
+
+// False with VASWAP_SIM_MEMOPS=0 (a system without stream memory operations).
+bool memops_supported();
+// Checks one operation as the driver does (kind, flags, alignment); CUDA_SUCCESS when valid.
+CUresult check_memop(const CUstreamBatchMemOpParams& op);
+// Runs a batch on the calling (stream worker) thread: a wait polls its address until the
+// condition holds; a write stores the value.
+void run_memops(const std::vector<CUstreamBatchMemOpParams>& ops);
 
 }  // namespace vsim

@@ -34,15 +34,34 @@ std::atomic<uint64_t> g_next_capture_id{1};
 thread_local CUstreamCaptureMode tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 thread_local std::map<int, std::shared_ptr<Stream>> tls_per_thread_streams;
 
+void mark_dispatched(Device& device, uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(device.queue_mutex);
+  device.queue_dispatched = sequence;
+  device.queue_cv.notify_all();
+}
+
 void worker_loop(Stream* s) {
+  Device& device = devices()[static_cast<size_t>(s->device)];
   std::unique_lock<std::mutex> lock(s->mu);
   for (;;) {
     s->cv.wait(lock, [s] { return !s->ops.empty() || s->stopping; });
     if (s->ops.empty()) return;  // stopping and drained
-    std::function<void()> op = std::move(s->ops.front());
+    Stream::Op op = std::move(s->ops.front());
     s->ops.pop_front();
     lock.unlock();
-    op();
+    if (op.queue_sequence != 0) {
+      // One hardware queue: wait until every earlier operation of the device was dispatched.
+      {
+        std::unique_lock<std::mutex> queue_lock(device.queue_mutex);
+        device.queue_cv.wait(queue_lock,
+                             [&] { return device.queue_dispatched + 1 >= op.queue_sequence; });
+      }
+      if (!op.holds_queue) mark_dispatched(device, op.queue_sequence);
+      op.run();
+      if (op.holds_queue) mark_dispatched(device, op.queue_sequence);
+    } else {
+      op.run();
+    }
     lock.lock();
     ++s->completed;
     s->cv.notify_all();
@@ -86,7 +105,8 @@ bool blocking(const Stream& s) { return (s.flags & CU_STREAM_NON_BLOCKING) == 0;
 // Pushes `op`, first making it wait for what the legacy-stream rules require: an op on the legacy
 // stream waits for all blocking streams of its device, an op on a blocking stream waits for the
 // legacy stream.
-uint64_t enqueue(const std::shared_ptr<Stream>& s, std::function<void()> op) {
+uint64_t enqueue(const std::shared_ptr<Stream>& s, std::function<void()> op,
+                 bool holds_queue = false) {
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
   if (s->legacy) {
     std::lock_guard<std::mutex> lock(registry_mutex());
@@ -113,8 +133,9 @@ uint64_t enqueue(const std::shared_ptr<Stream>& s, std::function<void()> op) {
       for (const auto& w : waits) w.first->wait(w.second);
       inner();
     };
+    holds_queue = true;
   }
-  return s->push(std::move(op));
+  return s->push(std::move(op), holds_queue);
 }
 
 void invalidate(Capture* c) { c->invalidated = true; }
@@ -132,9 +153,15 @@ std::vector<Node*> merged(std::vector<Node*> a, const std::vector<Node*>& b) {
 // Stream
 // ---------------------------------------------------------------------------------------------
 
-uint64_t Stream::push(std::function<void()> op) {
+uint64_t Stream::push(std::function<void()> op, bool holds_queue) {
+  Device& d = devices()[static_cast<size_t>(device)];
+  // The device-wide sequence is taken under the stream's lock, so each stream's operations carry
+  // increasing sequence numbers.
+  const bool single = d.single_queue.load();
+  std::unique_lock<std::mutex> queue_lock(d.queue_mutex, std::defer_lock);
+  if (single) queue_lock.lock();
   std::lock_guard<std::mutex> lock(mu);
-  ops.push_back(std::move(op));
+  ops.push_back(Op{std::move(op), single ? ++d.queue_submitted : 0, holds_queue});
   const uint64_t ticket = ++enqueued;
   cv.notify_all();
   return ticket;
@@ -242,8 +269,10 @@ CUresult submit(CUstream h, std::unique_ptr<Node> node) {
       if (implicit) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }
   }
+  const bool holds = node->holds_queue();
   std::shared_ptr<Node> shared(std::move(node));
-  enqueue(s, [shared] { shared->run(); });
+  enqueue(
+      s, [shared] { shared->run(); }, holds);
   return CUDA_SUCCESS;
 }
 
@@ -538,7 +567,8 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) 
     ticket = e->ticket;
   }
   if (!producer || producer == s || producer->done(ticket)) return CUDA_SUCCESS;
-  enqueue(s, [producer, ticket] { producer->wait(ticket); });
+  enqueue(
+      s, [producer, ticket] { producer->wait(ticket); }, /*holds_queue=*/true);
   return CUDA_SUCCESS;
 }
 

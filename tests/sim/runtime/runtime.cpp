@@ -73,7 +73,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuLaunchKernelEx)                                                                            \
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)                    \
   X(cuGraphKernelNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphInstantiateWithFlags)  \
-  X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)
+  X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)        \
+  X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)
 // clang-format on
 
 struct Driver {
@@ -685,6 +686,46 @@ SIM_API cudaError_t cudaGraphKernelNodeGetParams(cudaGraphNode_t node, cudaKerne
   p->kernelParams = k.kernelParams;
   p->extra = k.extra;
   return cudaSuccess;
+}
+// A kernel node of a runtime kernel: the host stub resolved to the current device's function.
+static cudaError_t kernel_node_params(const cudaKernelNodeParams* p, CUDA_KERNEL_NODE_PARAMS* k) {
+  if (p == nullptr) return cudaErrorInvalidValue;
+  *k = CUDA_KERNEL_NODE_PARAMS{};
+  if (cudaError_t e = kernel_function(p->func, &k->func)) return e;
+  k->gridDimX = p->gridDim.x;
+  k->gridDimY = p->gridDim.y;
+  k->gridDimZ = p->gridDim.z;
+  k->blockDimX = p->blockDim.x;
+  k->blockDimY = p->blockDim.y;
+  k->blockDimZ = p->blockDim.z;
+  k->sharedMemBytes = p->sharedMemBytes;
+  k->kernelParams = p->kernelParams;
+  k->extra = p->extra;
+  return cudaSuccess;
+}
+SIM_API cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t* node, cudaGraph_t g,
+                                           const cudaGraphNode_t* deps, size_t n,
+                                           const cudaKernelNodeParams* p) {
+  RT_ENTER();
+  CUDA_KERNEL_NODE_PARAMS k{};
+  if (cudaError_t e = kernel_node_params(p, &k)) return note(e);
+  return note(drv().cuGraphAddKernelNode(reinterpret_cast<CUgraphNode*>(node), cu(g),
+                                         reinterpret_cast<const CUgraphNode*>(deps), n, &k));
+}
+SIM_API cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t e, cudaGraphNode_t node,
+                                                     const cudaKernelNodeParams* p) {
+  RT_ENTER();
+  CUDA_KERNEL_NODE_PARAMS k{};
+  if (cudaError_t err = kernel_node_params(p, &k)) return note(err);
+  return note(drv().cuGraphExecKernelNodeSetParams(cu(e), cu(node), &k));
+}
+SIM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g,
+                                        cudaGraphExecUpdateResultInfo* info) {
+  RT_ENTER();
+  static_assert(sizeof(cudaGraphExecUpdateResultInfo) == sizeof(CUgraphExecUpdateResultInfo),
+                "ABI");
+  return note(
+      drv().cuGraphExecUpdate(cu(e), cu(g), reinterpret_cast<CUgraphExecUpdateResultInfo*>(info)));
 }
 SIM_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g,
                                          unsigned long long flags) {

@@ -67,6 +67,11 @@ int vaswapSimFaultCheck(const char* function);
 unsigned long long vaswapSimHostFnViolations(void);
 /* Physical bytes currently created on a device (handles, cuMemAlloc, async allocations). */
 unsigned long long vaswapSimPhysicalBytes(int device);
+/* What CUDA_DEVICE_MAX_CONNECTIONS=1 gives: one hardware queue per device (1), or one per stream
+ * (0, the default). Affects work submitted afterwards; set it while the device is idle. */
+void vaswapSimSetSingleQueue(int single);
+/* Stream memory operations supported (1, the default) or not (0, as VASWAP_SIM_MEMOPS=0). */
+void vaswapSimSetMemopsSupported(int supported);
 
 #ifdef __cplusplus
 }

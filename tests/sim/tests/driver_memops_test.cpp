@@ -1,0 +1,295 @@
+// Stream memory operations, batch memory-op nodes, updates of executable graphs, and the single
+// hardware queue of CUDA_DEVICE_MAX_CONNECTIONS=1.
+#include "sim_test.h"
+
+namespace {
+
+class MemopTest : public SimTest {
+ protected:
+  void SetUp() override {
+    SimTest::SetUp();
+    ASSERT_CU(cuMemHostAlloc(reinterpret_cast<void**>(&flag_), 64, CU_MEMHOSTALLOC_PORTABLE));
+    std::memset(flag_, 0, 64);
+  }
+  void TearDown() override {
+    vaswapSimSetSingleQueue(0);
+    vaswapSimSetMemopsSupported(1);
+    cuMemFreeHost(flag_);
+    SimTest::TearDown();
+  }
+  CUdeviceptr flag_address(size_t word = 0) const {
+    return reinterpret_cast<CUdeviceptr>(flag_ + word);
+  }
+  uint32_t flag(size_t word = 0) const { return __atomic_load_n(flag_ + word, __ATOMIC_ACQUIRE); }
+  void set_flag(uint32_t value, size_t word = 0) {
+    __atomic_store_n(flag_ + word, value, __ATOMIC_RELEASE);
+  }
+  uint32_t* flag_ = nullptr;
+};
+
+TEST_F(MemopTest, WaitValueHoldsTheStreamUntilTheConditionHolds) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
+  ASSERT_CU(cuMemsetD32(buf, 7, 64));
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 3, CU_STREAM_WAIT_VALUE_GEQ));
+  auto* words = reinterpret_cast<uint32_t*>(buf);
+  ASSERT_CU(sim_kernels::launch_add(s, words, words, 1, 64));
+  set_flag(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(s)) << "2 is not >= 3";
+  EXPECT_EQ(7u, words[0]);
+  set_flag(3);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(8u, words[63]);
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, GeqIsTheDriversCyclicComparison) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  set_flag(2);  // 2 - 0xfffffffe == 4 as int32: past it, across the wrap
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 0xfffffffeu, CU_STREAM_WAIT_VALUE_GEQ));
+  ASSERT_CU(cuStreamSynchronize(s));
+  set_flag(5);
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 5, CU_STREAM_WAIT_VALUE_EQ));
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 4, CU_STREAM_WAIT_VALUE_AND));
+  ASSERT_CU(cuStreamSynchronize(s));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, WriteValueLandsAfterTheWorkBeforeIt) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(s, Gate::wait_fn, &gate));
+  ASSERT_CU(cuStreamWriteValue32(s, flag_address(1), 42, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(0u, flag(1));
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(42u, flag(1));
+  ASSERT_CU(cuStreamWriteValue64(s, flag_address(2), 0x1122334455667788ull, 0));
+  ASSERT_CU(cuStreamSynchronize(s));
+  uint64_t wide = 0;
+  std::memcpy(&wide, flag_ + 2, sizeof wide);
+  EXPECT_EQ(0x1122334455667788ull, wide);
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, OneStreamWaitsForAnotherThroughAFlag) {
+  CUstream producer = nullptr, consumer = nullptr;
+  ASSERT_CU(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
+  std::vector<uint32_t> ones(64, 1), out(64, 0);
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(producer, Gate::wait_fn, &gate));
+  ASSERT_CU(cuMemcpyHtoDAsync(buf, ones.data(), 64 * sizeof(uint32_t), producer));
+  ASSERT_CU(cuStreamWriteValue32(producer, flag_address(), 1, 0));
+  ASSERT_CU(cuStreamWaitValue32(consumer, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
+  auto* words = reinterpret_cast<uint32_t*>(buf);
+  ASSERT_CU(sim_kernels::launch_add(consumer, words, words, 41, 64));
+  ASSERT_CU(cuMemcpyDtoHAsync(out.data(), buf, 64 * sizeof(uint32_t), consumer));
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(consumer));
+  EXPECT_EQ(std::vector<uint32_t>(64, 42), out);
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(producer));
+  ASSERT_CU(cuStreamDestroy(consumer));
+}
+
+TEST_F(MemopTest, MalformedOperationsAreRefused) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue32(s, 0, 1, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue32(s, flag_address() + 2, 1, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue32(s, flag_address(), 1, 7));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64(s, flag_address(1), 1, 0));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, WithoutSupportEveryOperationIsNotSupported) {
+  vaswapSimSetMemopsSupported(0);
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_SUPPORTED, cuStreamWriteValue32(s, flag_address(), 1, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_SUPPORTED, cuStreamWaitValue32(s, flag_address(), 0, 0));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, flag());
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, CapturedOperationsBecomeABatchMemOpNode) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph graph = nullptr;
+  ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
+  ASSERT_CU(cuStreamWriteValue32(s, flag_address(1), 9, 0));
+  ASSERT_CU(cuStreamEndCapture(s, &graph));
+  size_t count = 0;
+  ASSERT_CU(cuGraphGetNodes(graph, nullptr, &count));
+  ASSERT_EQ(2u, count);
+  CUgraphNode nodes[2] = {};
+  ASSERT_CU(cuGraphGetNodes(graph, nodes, &count));
+  CUgraphNodeType type{};
+  ASSERT_CU(cuGraphNodeGetType(nodes[0], &type));
+  EXPECT_EQ(CU_GRAPH_NODE_TYPE_BATCH_MEM_OP, type);
+  CUDA_BATCH_MEM_OP_NODE_PARAMS p{};
+  ASSERT_CU(cuGraphBatchMemOpNodeGetParams(nodes[1], &p));
+  ASSERT_EQ(1u, p.count);
+  EXPECT_EQ(CU_STREAM_MEM_OP_WRITE_VALUE_32, p.paramArray[0].operation);
+  EXPECT_EQ(flag_address(1), p.paramArray[0].writeValue.address);
+  EXPECT_EQ(9u, p.paramArray[0].writeValue.value);
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, graph, 0));
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(0u, flag(1)) << "the graph waits for the flag first";
+  set_flag(1);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(9u, flag(1));
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(graph));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, ExecutableMemOpNodeValuesChangeForLaterLaunchesOnly) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph graph = nullptr;
+  ASSERT_CU(cuGraphCreate(&graph, 0));
+  CUstreamBatchMemOpParams op{};
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.address = flag_address(1);
+  op.writeValue.value = 1;
+  CUDA_BATCH_MEM_OP_NODE_PARAMS p{};
+  p.count = 1;
+  p.paramArray = &op;
+  CUgraphNode node = nullptr;
+  ASSERT_CU(cuGraphAddBatchMemOpNode(&node, graph, nullptr, 0, &p));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, graph, 0));
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(s, Gate::wait_fn, &gate));
+  ASSERT_CU(cuGraphLaunch(exec, s));  // enqueued with value 1
+  op.writeValue.value = 2;
+  ASSERT_CU(cuGraphExecBatchMemOpNodeSetParams(exec, node, &p));
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(1u, flag(1)) << "a launch already enqueued keeps its values";
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(2u, flag(1));
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(graph));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+TEST_F(MemopTest, ExecutableKernelParametersAndUpdates) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, 64 * sizeof(uint32_t)));
+  ASSERT_CU(cuMemAlloc(&b, 64 * sizeof(uint32_t)));
+  ASSERT_CU(cuMemsetD32(a, 0, 64));
+  ASSERT_CU(cuMemsetD32(b, 0, 64));
+  auto kernel_params = [](uint32_t** dst, uint32_t* value, uint32_t* n, void** args) {
+    args[0] = dst;
+    args[1] = dst;
+    args[2] = value;
+    args[3] = n;
+    CUDA_KERNEL_NODE_PARAMS k{};
+    k.func = sim_kernels::get("add_u32");
+    k.gridDimX = k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = 128;
+    k.blockDimY = k.blockDimZ = 1;
+    k.kernelParams = args;
+    return k;
+  };
+  uint32_t* dst = reinterpret_cast<uint32_t*>(a);
+  uint32_t value = 1, n = 64;
+  void* args[4] = {};
+  CUDA_KERNEL_NODE_PARAMS k = kernel_params(&dst, &value, &n, args);
+  CUgraph graph = nullptr;
+  CUgraphNode node = nullptr;
+  ASSERT_CU(cuGraphCreate(&graph, 0));
+  ASSERT_CU(cuGraphAddKernelNode(&node, graph, nullptr, 0, &k));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, graph, 0));
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(1u, reinterpret_cast<uint32_t*>(a)[5]);
+  // The executable now adds to b.
+  dst = reinterpret_cast<uint32_t*>(b);
+  ASSERT_CU(cuGraphExecKernelNodeSetParams(exec, node, &k));
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(1u, reinterpret_cast<uint32_t*>(a)[5]);
+  EXPECT_EQ(1u, reinterpret_cast<uint32_t*>(b)[5]);
+  // A whole new graph of the same shape, adding 10 to a.
+  dst = reinterpret_cast<uint32_t*>(a);
+  value = 10;
+  CUgraph other = nullptr;
+  CUgraphNode other_node = nullptr;
+  ASSERT_CU(cuGraphCreate(&other, 0));
+  ASSERT_CU(cuGraphAddKernelNode(&other_node, other, nullptr, 0, &k));
+  CUgraphExecUpdateResultInfo info{};
+  ASSERT_CU(cuGraphExecUpdate(exec, other, &info));
+  EXPECT_EQ(CU_GRAPH_EXEC_UPDATE_SUCCESS, info.result);
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(11u, reinterpret_cast<uint32_t*>(a)[5]);
+  // Another shape is refused, and the executable keeps what it had.
+  CUgraphNode extra = nullptr;
+  ASSERT_CU(cuGraphAddEmptyNode(&extra, other, nullptr, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, cuGraphExecUpdate(exec, other, &info));
+  EXPECT_EQ(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, info.result);
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(21u, reinterpret_cast<uint32_t*>(a)[5]);
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(graph));
+  ASSERT_CU(cuGraphDestroy(other));
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+// CUDA_DEVICE_MAX_CONNECTIONS=1, measured on the H200: a copy on another stream stays queued
+// behind a stream parked on a wait-value until the flag is written.
+TEST_F(MemopTest, OneQueueHoldsOtherStreamsBehindAWait) {
+  CUstream parked = nullptr, copier = nullptr;
+  ASSERT_CU(cuStreamCreate(&parked, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&copier, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 4096));
+  std::vector<uint32_t> host(1024, 5);
+  for (int single : {0, 1}) {
+    vaswapSimSetSingleQueue(single);
+    set_flag(0);
+    ASSERT_CU(cuMemsetD32(buf, 0, 1024));
+    ASSERT_CU(cuStreamWaitValue32(parked, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
+    ASSERT_CU(cuMemcpyHtoDAsync(buf, host.data(), 4096, copier));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    const CUresult copied = cuStreamQuery(copier);
+    if (single == 1) {
+      EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, copied) << "one queue: the copy waits behind the wait";
+    } else {
+      EXPECT_CU_ERR(CUDA_SUCCESS, copied) << "a queue per stream: the copy is independent";
+    }
+    set_flag(1);
+    ASSERT_CU(cuStreamSynchronize(parked));
+    ASSERT_CU(cuStreamSynchronize(copier));
+    EXPECT_EQ(5u, reinterpret_cast<uint32_t*>(buf)[1023]);
+  }
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(parked));
+  ASSERT_CU(cuStreamDestroy(copier));
+}
+
+}  // namespace
