@@ -32,7 +32,7 @@ namespace vaswap {
   X(cuStreamGetCaptureInfo, 12030) X(cuGraphGetNodes, 10000) X(cuGraphNodeGetType, 10000)           \
   X(cuGraphKernelNodeGetParams, 12000) X(cuFuncGetParamInfo, 12040) X(cuKernelGetParamInfo, 12040)  \
   X(cuGraphMemcpyNodeGetParams, 10000) X(cuGraphMemsetNodeGetParams, 10000)                        \
-  X(cuGraphChildGraphNodeGetGraph, 10000)
+  X(cuGraphChildGraphNodeGetGraph, 10000) X(cuGraphBatchMemOpNodeGetParams, 11070)
 // clang-format on
 
 struct Driver {

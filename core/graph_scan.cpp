@@ -47,11 +47,17 @@ class Scanner {
         }
         break;
       }
+      case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: memop_node(node); break;
       case CU_GRAPH_NODE_TYPE_EMPTY:
       case CU_GRAPH_NODE_TYPE_HOST:
       case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
-      case CU_GRAPH_NODE_TYPE_EVENT_RECORD: break;  // no device memory of the program's
-      default: ++result.unscanned_nodes; break;     // conditional bodies, mem alloc/free nodes
+      case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+      case CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL:
+      case CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT:
+      // The graph's own memory, from its memory pool: never a registered region.
+      case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+      case CU_GRAPH_NODE_TYPE_MEM_FREE: break;
+      default: ++result.unscanned_nodes; break;  // conditional nodes, kinds newer than this scan
     }
   }
 
@@ -122,6 +128,25 @@ class Scanner {
     };
     if (device_side(copy.srcMemoryType)) address(copy.srcDevice);
     if (device_side(copy.dstMemoryType)) address(copy.dstDevice);
+  }
+
+  void memop_node(CUgraphNode node) {
+    CUDA_BATCH_MEM_OP_NODE_PARAMS params{};
+    if (driver_.cuGraphBatchMemOpNodeGetParams(node, &params) != CUDA_SUCCESS) {
+      ++result.unscanned_nodes;
+      return;
+    }
+    ++result.memop_nodes;
+    for (unsigned i = 0; i < params.count && params.paramArray != nullptr; ++i) {
+      const CUstreamBatchMemOpParams& op = params.paramArray[i];
+      switch (op.operation) {
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64: address(op.waitValue.address); break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64: address(op.writeValue.address); break;
+        default: break;
+      }
+    }
   }
 
   void memset_node(CUgraphNode node) {

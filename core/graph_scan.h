@@ -1,12 +1,12 @@
 // Graph analysis: which registered regions a captured graph references (DESIGN.md section 5).
 //
-// Scanned once, at the end of the capture that made the graph. A kernel node's parameters are
+// Scanned at every instantiation and update of an executable graph. A kernel node's parameters are
 // read at the offsets and sizes cuFuncGetParamInfo gives, or from the packed `extra` buffer
 // (CU_LAUNCH_PARAM_BUFFER_POINTER, as cuBLAS launches); every 8-byte-aligned word that falls in a
 // registered region is a reference. Memcpy and memset nodes give their addresses; child graphs
-// are scanned recursively. What a scan cannot see: pointers held in device memory (arrays of
-// pointers a kernel dereferences), conditional nodes' bodies (not yet), and kernels launched as
-// CUkernel handles without a CUfunction. The guard (issue 6) is meant to catch what a scan misses.
+// are scanned recursively; batch memory-op nodes give their addresses. What a scan cannot see:
+// pointers held in device memory (arrays of pointers a kernel dereferences); conditional nodes'
+// bodies and kernels without a parameter layout make the graph opaque (it uses every slot).
 #pragma once
 
 #include <cuda.h>
@@ -22,7 +22,11 @@ namespace vaswap {
 struct GraphScan {
   std::vector<Region> regions;  // referenced regions, by base address, each once
   uint64_t nodes = 0, kernel_nodes = 0, extra_buffers = 0, memcpy_nodes = 0, memset_nodes = 0,
-           child_graphs = 0, unscanned_nodes = 0;
+           memop_nodes = 0, child_graphs = 0;
+  // Nodes whose references could not be read: conditional nodes (their bodies are not
+  // queryable), node kinds this scan does not know, and nodes whose queries failed. A graph with
+  // any is treated as using every slot (DESIGN.md invariant 10).
+  uint64_t unscanned_nodes = 0;
   // Kernel nodes whose parameter layout the driver would not give: their references are unknown,
   // so the graph is opaque (the planner keeps every slot resident around it).
   uint64_t opaque_kernels = 0;

@@ -130,20 +130,23 @@ struct LiveCapture {
   uint64_t allocations = 0, bytes = 0, slots = 0;
 };
 
+// What a capture made: a graph, and the capture's place among the process's captures.
 struct GraphFacts {
   uint64_t capture = 0;  // the capture that made the graph
   uint64_t ordinal = 0;  // that capture's position among the process's captures
   uint64_t allocations = 0, slots = 0;
-  std::vector<uintptr_t> regions;   // bases of the registered regions its nodes reference
-  std::vector<Slot*> slot_regions;  // the slots among them
-  bool opaque = false;  // a kernel node whose parameters could not be read: it may use any slot
 };
 
+// What an executable graph uses, from the scan of the graph it was instantiated (or last
+// updated) from. `opaque`: something in it cannot be read (a kernel without a parameter layout,
+// a node kind the scan does not know, a node changed after instantiation), so it counts as using
+// every slot (DESIGN.md invariant 10).
 struct ExecFacts {
   CUgraph graph = nullptr;
-  uint64_t ordinal = 0;
+  uint64_t capture = 0, ordinal = 0;
   std::vector<Slot*> slots;  // what the planner makes resident before each launch
-  bool opaque = false;       // then every slot is
+  bool opaque = false;
+  const char* why_opaque = "";
 };
 
 struct Tables {
@@ -233,10 +236,6 @@ void register_region(const Region& region) {
 void forget_slot(Tables& t, Slot* slot) {
   planner::forget(slot);
   std::lock_guard<std::mutex> lock(t.mutex);
-  for (auto& [graph, facts] : t.graphs) {
-    auto& list = facts.slot_regions;
-    list.erase(std::remove(list.begin(), list.end(), slot), list.end());
-  }
   for (auto& [exec, facts] : t.execs) {
     auto& list = facts.slots;
     list.erase(std::remove(list.begin(), list.end(), slot), list.end());
@@ -530,23 +529,10 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
       t.captures.erase(it);
     }
   }
-  // The graph is scanned once, here, for the regions it references (graph_scan.h).
-  std::optional<GraphScan> scan;
-  const Driver* driver = load_driver(nullptr);
-  if (result == CUDA_SUCCESS && graph != nullptr && driver != nullptr) {
-    scan = scan_graph(*driver, graph, t.registry);
-  }
-  if (ended && scan) {
-    GraphFacts facts{
-        ended->tag.sequence,     ended->ordinal, ended->allocations, ended->slots, {}, {},
-        scan->opaque_kernels > 0};
-    for (const Region& region : scan->regions) {
-      facts.regions.push_back(region.base);
-      if (region.kind == RegionKind::slot)
-        facts.slot_regions.push_back(static_cast<Slot*>(region.slot));
-    }
+  if (ended && result == CUDA_SUCCESS && graph != nullptr) {
     std::lock_guard<std::mutex> lock(t.mutex);
-    t.graphs[graph] = std::move(facts);
+    t.graphs[graph] =
+        GraphFacts{ended->tag.sequence, ended->ordinal, ended->allocations, ended->slots};
   }
   if (!trace::enabled()) return;
   auto r = record(trace::Event::capture_end, call);
@@ -560,29 +546,6 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
         .add("dur_us", trace::us_since(ended->begin_ns));
   }
   r.emit();
-  if (!scan) return;
-  uint64_t slot_regions = 0, bytes = 0;
-  for (const Region& region : scan->regions) {
-    if (region.kind == RegionKind::slot) ++slot_regions;
-    bytes += region.bytes;
-  }
-  trace::Record(trace::Event::graph_scan)
-      .hex("graph", reinterpret_cast<uintptr_t>(graph))
-      .add("capture", ended ? ended->tag.sequence : 0)
-      .add("nodes", scan->nodes)
-      .add("kernel_nodes", scan->kernel_nodes)
-      .add("extra_buffers", scan->extra_buffers)
-      .add("memcpy_nodes", scan->memcpy_nodes)
-      .add("memset_nodes", scan->memset_nodes)
-      .add("child_graphs", scan->child_graphs)
-      .add("unscanned_nodes", scan->unscanned_nodes)
-      .add("opaque_kernels", scan->opaque_kernels)
-      .add("opaque_error", static_cast<int>(scan->opaque_error))
-      .add("regions", static_cast<uint64_t>(scan->regions.size()))
-      .add("slot_regions", slot_regions)
-      .add("region_bytes", bytes)
-      .add("dur_us", scan->dur_us)
-      .emit();
 }
 
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now) {
@@ -593,19 +556,78 @@ void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstre
       .emit();
 }
 
-void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
+namespace {
+
+// Scans `graph` (graph_scan.h) into the facts of an executable made from it, and says so in the
+// trace. Every instantiation and update is scanned: a graph may have been built or edited
+// through the graph API, which vaswap does not follow node by node.
+ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph) {
   Tables& t = tables();
-  uint64_t capture = 0;
+  ExecFacts facts;
+  facts.graph = graph;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
-    ExecFacts facts{graph, 0, {}, false};
     auto it = t.graphs.find(graph);
     if (it != t.graphs.end()) {
-      capture = it->second.capture;
+      facts.capture = it->second.capture;
       facts.ordinal = it->second.ordinal;
-      facts.slots = it->second.slot_regions;
-      facts.opaque = it->second.opaque;
     }
+  }
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr || graph == nullptr) {
+    facts.opaque = true;
+    facts.why_opaque = "the graph could not be scanned";
+    return facts;
+  }
+  const GraphScan scan = scan_graph(*driver, graph, t.registry);
+  for (const Region& region : scan.regions) {
+    if (region.kind == RegionKind::slot) facts.slots.push_back(static_cast<Slot*>(region.slot));
+  }
+  if (scan.opaque_kernels > 0) {
+    facts.opaque = true;
+    facts.why_opaque = "a kernel node has no parameter layout";
+  } else if (scan.unscanned_nodes > 0) {
+    facts.opaque = true;
+    facts.why_opaque = "a node of a kind the scan cannot read";
+  }
+  if (trace::enabled()) {
+    uint64_t slot_regions = 0, bytes = 0;
+    for (const Region& region : scan.regions) {
+      if (region.kind == RegionKind::slot) ++slot_regions;
+      bytes += region.bytes;
+    }
+    trace::Record(trace::Event::graph_scan)
+        .hex("graph", reinterpret_cast<uintptr_t>(graph))
+        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+        .add("capture", facts.capture)
+        .add("nodes", scan.nodes)
+        .add("kernel_nodes", scan.kernel_nodes)
+        .add("extra_buffers", scan.extra_buffers)
+        .add("memcpy_nodes", scan.memcpy_nodes)
+        .add("memset_nodes", scan.memset_nodes)
+        .add("memop_nodes", scan.memop_nodes)
+        .add("child_graphs", scan.child_graphs)
+        .add("unscanned_nodes", scan.unscanned_nodes)
+        .add("opaque_kernels", scan.opaque_kernels)
+        .add("opaque_error", static_cast<int>(scan.opaque_error))
+        .add("opaque", facts.opaque)
+        .add("regions", static_cast<uint64_t>(scan.regions.size()))
+        .add("slot_regions", slot_regions)
+        .add("region_bytes", bytes)
+        .add("dur_us", scan.dur_us)
+        .emit();
+  }
+  return facts;
+}
+
+}  // namespace
+
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
+  Tables& t = tables();
+  ExecFacts facts = scan_into_facts(exec, graph);
+  const uint64_t capture = facts.capture;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
     t.execs[exec] = std::move(facts);
   }
   t.instantiations.fetch_add(1, std::memory_order_relaxed);
@@ -614,6 +636,34 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
         .hex("exec", reinterpret_cast<uintptr_t>(exec))
         .hex("graph", reinterpret_cast<uintptr_t>(graph))
         .add("capture", capture)
+        .emit();
+  }
+}
+
+void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph) {
+  Tables& t = tables();
+  ExecFacts facts;
+  if (graph) {
+    // cudaGraphExecUpdate: the executable now runs this graph's nodes.
+    facts = scan_into_facts(exec, *graph);
+  } else {
+    // A node's parameters changed in the executable alone: what it references now is unknown.
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.execs.find(exec);
+    if (it != t.execs.end()) facts = it->second;
+    facts.opaque = true;
+    facts.why_opaque = "a node was changed after instantiation";
+  }
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.execs[exec] = facts;
+  }
+  planner::exec_changed(exec);
+  if (trace::enabled()) {
+    record(trace::Event::graph_update, call)
+        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+        .add("opaque", facts.opaque)
+        .add("slots", static_cast<uint64_t>(facts.slots.size()))
         .emit();
   }
 }
@@ -627,20 +677,27 @@ void launched(const Call& call, CUgraphExec exec, CUstream stream) {
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     auto it = t.execs.find(exec);
-    if (it != t.execs.end()) facts = it->second;
+    if (it != t.execs.end()) {
+      facts = it->second;
+    } else {
+      // Instantiated where vaswap did not see it: nothing is known of what it uses.
+      facts.opaque = true;
+      facts.why_opaque = "its instantiation was not seen";
+    }
     capturing = !t.captures.empty() && t.captures.count(stream) != 0;
   }
+  if (facts.opaque) facts.slots = every_slot(t.registry);
   if (trace::enabled()) {
-    record(trace::Event::graph_launch, call)
-        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+    auto r = record(trace::Event::graph_launch, call);
+    r.hex("exec", reinterpret_cast<uintptr_t>(exec))
         .hex("graph", reinterpret_cast<uintptr_t>(facts.graph))
         .hex("stream", stream_id(stream))
-        .add("slots", static_cast<uint64_t>(facts.slots.size()))
-        .emit();
+        .add("slots", static_cast<uint64_t>(facts.slots.size()));
+    if (facts.opaque) r.add("opaque", facts.why_opaque);
+    r.emit();
   }
   // A launch into a capturing stream becomes a node of that graph; nothing runs now.
   if (capturing) return;
-  if (facts.opaque) facts.slots = every_slot(t.registry);
   planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
 }
 

@@ -79,7 +79,11 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream);
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);
+// An executable graph was made: its graph is scanned for the slots it uses (graph_scan.h).
 void instantiated(const Call& call, CUgraphExec exec, CUgraph graph);
+// An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
+// its nodes was given new parameters (from then on it counts as using every slot).
+void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
 // Before the real launch: the planner makes the graph's slots resident and acts on its plan.
 void launched(const Call& call, CUgraphExec exec, CUstream stream);
 // After the real launch returned (timing while the planner learns).

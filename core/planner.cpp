@@ -152,6 +152,7 @@ class Planner {
   void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture);
   void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
   void capture_begun();
+  void exec_changed(CUgraphExec exec);
   void forget(Slot* slot);
   Counters counters() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -470,7 +471,11 @@ void Planner::restore(const std::vector<Slot*>& slots, CUstream stream, int posi
   RemapBatch* remap = nullptr;
   try {
     // The pages are mapped as soon as the releases are done; the H2D waits for this point.
-    CUevent point = new_event();
+    CUevent point = nullptr;
+    if (driver.cuEventCreate(&point, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING) !=
+        CUDA_SUCCESS) {
+      fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a restore point");
+    }
     driver.cuEventRecord(point, stream);
     remap = engine().remap_when(batch, hosts, point);
   } catch (const Error& error) {
@@ -988,6 +993,14 @@ void Planner::capture_begun() {
   }
 }
 
+void Planner::exec_changed(CUgraphExec exec) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool in_pattern =
+      std::find(keys_.begin(), keys_.end(), exec) != keys_.end() ||
+      std::any_of(seen_.begin(), seen_.end(), [exec](const Seen& s) { return s.exec == exec; });
+  if (in_pattern) learn("a graph of the pattern was changed");
+}
+
 void Planner::forget(Slot* slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = held_.find(slot);
@@ -1028,6 +1041,7 @@ void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>&
   planner().before_eager(symbol, stream, slots);
 }
 void capture_begun() { planner().capture_begun(); }
+void exec_changed(CUgraphExec exec) { planner().exec_changed(exec); }
 void forget(Slot* slot) { planner().forget(slot); }
 Counters counters() { return planner().counters(); }
 

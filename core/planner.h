@@ -50,6 +50,10 @@ void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>&
 // A capture began: the launch pattern may change, so learning starts over.
 void capture_begun();
 
+// An executable graph was changed (updated, or a node given new parameters): what it uses may
+// differ, so a plan or a learned pattern that contains it starts over.
+void exec_changed(CUgraphExec exec);
+
 // `slot` is about to be destroyed: the planner lets go of it (and learns again if a plan used it).
 void forget(Slot* slot);
 

@@ -175,6 +175,16 @@ void Engine::run_remap(RemapBatch& batch) {
   Device& d = *batch.device;
   std::vector<std::string> errors(batch.entries.size());
   std::vector<CUmemGenericAllocationHandle> handles(batch.entries.size(), 0);
+  if (batch.after != nullptr) {
+    // Pages are never visible before their data arrives (DESIGN.md invariant 10): map only once
+    // the stream reached the point the copies wait for, then copy at once. Mapped any earlier, a
+    // reader vaswap did not see would read fresh pages instead of faulting.
+    const CUresult rc = driver_.cuEventSynchronize(batch.after);
+    if (rc != CUDA_SUCCESS) {
+      log().warn("{}; the pages of remap {} are mapped now",
+                 cuda_failure("cuEventSynchronize", rc, "the restore point"), batch.id);
+    }
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_until(lock, [&] { return d.h2d_in_flight == 0; });

@@ -19,7 +19,7 @@ constexpr int kFormatVersion = 1;
   X(trace_begin) X(trace_end) X(slot_create) X(slot_destroy) X(release_queued) X(d2h) X(release)  \
   X(remap_queued) X(remap) X(h2d) X(adopt) X(remap_discard) X(host_alloc) X(error) X(notice)      \
   X(alloc) X(free) X(capture_begin) X(capture_end) X(capture_mode) X(graph_instantiate)           \
-  X(graph_launch) X(graph_destroy) X(mem_info) X(device_reset) X(graph_scan) X(eager)             \
+  X(graph_update) X(graph_launch) X(graph_destroy) X(mem_info) X(device_reset) X(graph_scan) X(eager)             \
   X(learn) X(model) X(plan) X(plan_window) X(plan_offload) X(plan_restore) X(restore_wait)         \
   X(guard_hit) X(deviation) X(mem_sample) X(summary)
 // clang-format on

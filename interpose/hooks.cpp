@@ -25,8 +25,10 @@
 // older toolkits, so they are hooked all the same.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-// cuda.h maps this name to its newest ABI revision; hooks.def names both revisions exactly.
+// cuda.h maps these names to their newest ABI revisions; hooks.def names each revision exactly.
 #undef cuGetProcAddress
+#undef cuGraphExecUpdate
+#undef cuGraphExecKernelNodeSetParams
 
 #define VASWAP_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -361,6 +363,41 @@ struct Launch<R (*)(CUgraphExec, CUstream)> {
     intercept::launched(call, exec, stream);
     const R rc = real(exec, stream);
     if (rc == R{}) intercept::launch_returned(call, exec, stream);
+    return rc;
+  }
+};
+
+// cudaGraphExecUpdate / cuGraphExecUpdate[_v2]: (exec, graph, ...).
+template <class Fn>
+struct ExecUpdate;
+template <class R, class E, class G, class... Rest>
+struct ExecUpdate<R (*)(E, G, Rest...)> {
+  R (*real)(E, G, Rest...);
+  Call call;
+  R operator()(E exec, G graph, Rest... rest) const {
+    if (!handle()) return real(exec, graph, rest...);
+    Scope scope;
+    const R rc = real(exec, graph, rest...);
+    if (rc == R{}) {
+      intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec),
+                              reinterpret_cast<CUgraph>(graph));
+    }
+    return rc;
+  }
+};
+
+// cudaGraphExec*NodeSetParams* / cuGraphExec*NodeSetParams*: (exec, node, ...).
+template <class Fn>
+struct ExecChange;
+template <class R, class E, class N, class... Rest>
+struct ExecChange<R (*)(E, N, Rest...)> {
+  R (*real)(E, N, Rest...);
+  Call call;
+  R operator()(E exec, N node, Rest... rest) const {
+    if (!handle()) return real(exec, node, rest...);
+    Scope scope;
+    const R rc = real(exec, node, rest...);
+    if (rc == R{}) intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
     return rc;
   }
 };

@@ -105,6 +105,7 @@ struct Options {
   bool quiet = false;
   int eval_every = 0;  // 0: never
   int peek_step = -1;  // -1: never
+  bool api_graph = false;
   const char* out = nullptr;
 };
 
@@ -112,7 +113,8 @@ void usage(FILE* to) {
   std::fprintf(
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
-      "                    [--eval-every N] [--peek-step N] [--out FILE] [--quiet]\n"
+      "                    [--eval-every N] [--peek-step N] [--api-graph] [--out FILE]\n"
+      "                    [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -124,6 +126,11 @@ void usage(FILE* to) {
       "  --eval-every N  after every N-th step, an evaluation pass: forward graphs only\n"
       "  --peek-step N   in step N, between forward and backward, an eager kernel reads\n"
       "                  the first layer's saved activation (0-based step number)\n"
+      "  --api-graph     every step, between forward and backward, launch a graph built\n"
+      "                  with the graph API (not captured) that reads the first layer's\n"
+      "                  saved activation; from step 10 its node reads the second layer's\n"
+      "                  (cudaGraphExecKernelNodeSetParams), from step 20 the third's\n"
+      "                  (cudaGraphExecUpdate)\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -148,6 +155,7 @@ Options parse(int argc, char** argv) {
                                  {"eval-every", required_argument, nullptr, 'e'},
                                  {"peek-step", required_argument, nullptr, 'p'},
                                  {"out", required_argument, nullptr, 'o'},
+                                 {"api-graph", no_argument, nullptr, 'a'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -184,6 +192,7 @@ Options parse(int argc, char** argv) {
         o.peek_step = static_cast<int>(v);
         break;
       case 'o': o.out = optarg; break;
+      case 'a': o.api_graph = true; break;
       case 'q': o.quiet = true; break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
@@ -243,6 +252,29 @@ uint32_t* malloc_during_capture(size_t bytes) {
   CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   return static_cast<uint32_t*>(p);
 }
+
+// A one-node graph built through the graph API: peek_kernel(act, out, n).
+struct PeekGraph {
+  const uint32_t* act;
+  uint32_t* out;
+  uint32_t n;
+  void* args[3] = {&act, &out, &n};
+  cudaKernelNodeParams params(const Launcher& launch) {
+    cudaKernelNodeParams p{};
+    p.func = (void*)peek_kernel;
+    p.gridDim = launch.grid;
+    p.blockDim = launch.block;
+    p.kernelParams = args;
+    return p;
+  }
+  cudaGraph_t build(const Launcher& launch, cudaGraphNode_t* node) {
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaGraphCreate(&graph, 0));
+    const cudaKernelNodeParams p = params(launch);
+    CHECK(cudaGraphAddKernelNode(node, graph, nullptr, 0, &p));
+    return graph;
+  }
+};
 
 template <class Body>
 cudaGraphExec_t capture(cudaStream_t s, Body body) {
@@ -308,6 +340,15 @@ int main(int argc, char** argv) {
         o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
   }
 
+  PeekGraph peeker{layers[0].act, peek, n};
+  cudaGraph_t peek_graph = nullptr;
+  cudaGraphNode_t peek_node = nullptr;
+  cudaGraphExec_t peek_exec = nullptr;
+  if (o.api_graph) {
+    peek_graph = peeker.build(launch, &peek_node);
+    CHECK(cudaGraphInstantiate(&peek_exec, peek_graph, 0));
+  }
+
   uint64_t checksum = 1469598103934665603ull;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<double> step_ms;
@@ -323,6 +364,21 @@ int main(int argc, char** argv) {
     }
     Layer& last = layers.back();
     if (step == o.peek_step) launch((const void*)peek_kernel, {&layers[0].act, &peek, &n});
+    if (o.api_graph) {
+      if (step == 10 && layers.size() > 1) {
+        peeker.act = layers[1].act;
+        const cudaKernelNodeParams p = peeker.params(launch);
+        CHECK(cudaGraphExecKernelNodeSetParams(peek_exec, peek_node, &p));
+      } else if (step == 20 && layers.size() > 2) {
+        peeker.act = layers[2].act;
+        cudaGraphNode_t node = nullptr;
+        cudaGraph_t graph = peeker.build(launch, &node);
+        cudaGraphExecUpdateResultInfo info{};
+        CHECK(cudaGraphExecUpdate(peek_exec, graph, &info));
+        CHECK(cudaGraphDestroy(graph));
+      }
+      CHECK(cudaGraphLaunch(peek_exec, s));
+    }
     launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
     for (size_t l = layers.size(); l-- > 0;) {
       CHECK(cudaGraphLaunch(layers[l].backward, s));
@@ -356,7 +412,7 @@ int main(int argc, char** argv) {
       if (!o.quiet) std::printf("eval %4d  loss 0x%016" PRIx64 "\n", step, eval);
     }
   }
-  if (o.peek_step >= 0) {
+  if (o.peek_step >= 0 || o.api_graph) {
     CHECK(cudaMemcpy(host, peek, bytes, cudaMemcpyDeviceToHost));
     checksum = fnv1a(checksum, host, bytes);
   }
@@ -398,6 +454,10 @@ int main(int argc, char** argv) {
     CHECK(cudaGraphExecDestroy(L.forward));
     CHECK(cudaGraphExecDestroy(L.backward));
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
+  }
+  if (o.api_graph) {
+    CHECK(cudaGraphExecDestroy(peek_exec));
+    CHECK(cudaGraphDestroy(peek_graph));
   }
   CHECK(cudaFree(peek));
   CHECK(cudaFreeHost(host));

@@ -97,6 +97,26 @@ assert count("deviation") >= 4, count("deviation")
 print("    ", count("deviation"), "deviations")
 '
 
+# 4b. A graph built through the graph API (not captured) reads the first layer's activation between
+#     forward and backward; at step 10 its node is re-pointed at the second layer's
+#     (cudaGraphExecKernelNodeSetParams: from then on it counts as using every slot), at step 20 it
+#     is updated from a graph reading the third layer's (cudaGraphExecUpdate: scanned again).
+plain_and_vaswap api_graph "$given" --steps 40 --api-graph
+check api_graph '
+api = [e for e in ev if e["ev"] == "graph_scan" and e["capture"] == 0]
+assert len(api) == 2 and all(e["slot_regions"] == 1 and not e["opaque"] for e in api), api
+updates = [e for e in ev if e["ev"] == "graph_update"]
+assert [u["opaque"] for u in updates] == [True, False], updates
+assert updates[0]["call"] == "cudaGraphExecKernelNodeSetParams", updates[0]
+opaque = [e for e in ev if e["ev"] == "graph_launch" and e.get("opaque")]
+assert len(opaque) == 10 and all(e["slots"] == 32 for e in opaque), len(opaque)
+learns = [e["why"] for e in ev if e["ev"] == "learn"]
+assert learns.count("a graph of the pattern was changed") == 2, learns
+assert count("plan_offload") > 0
+plans = count("plan")
+print(f"     {len(opaque)} opaque launches (every slot resident), {plans} plans")
+'
+
 # 5. The measured model.
 plain_and_vaswap measured "selection.min_bytes=1MiB" --steps 20
 check measured '
