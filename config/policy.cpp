@@ -266,17 +266,50 @@ const Key kSchema[] = {
    "Time to unmap a region's pages and map them again, for a given model.",
    [](Policy& p, const std::string& v) { return parse_duration(v, &p.remap_latency_ns); },
    [](const Policy& p) { return show_duration(p.remap_latency_ns); }},
-  {"schedule.max_overhead", "percent 0..100", "a percentage from 0 to 100, such as 3 or 3%", "3%",
-   "The step time vaswap may add, against the same step without it.",
+  {"residency.budget", "auto | size", "auto or a size such as 40GiB", "auto",
+   "Device memory the slots may hold at once. auto: what the device has free, less "
+   "residency.reserve, so a job that fits pays nothing and vaswap offloads only what memory "
+   "pressure requires. A size: the slots stay within it even when the device has room.",
    [](Policy& p, const std::string& v) {
-     std::string t = trim(v);
-     if (!t.empty() && t.back() == '%') t.pop_back();
-     return parse_double(t, 0, 100, &p.max_overhead_percent); },
-   [](const Policy& p) { return show_double(p.max_overhead_percent) + "%"; }},
-  {"schedule.byte_budget", "size", "a size such as 16MiB, 2GB or 4096", "0 (no limit)",
-   "At most this much device memory offloaded at once, in the plan's model (whole pages).",
-   [](Policy& p, const std::string& v) { return parse_size(v, &p.byte_budget); },
-   [](const Policy& p) { return show_size(p.byte_budget); }},
+     if (trim(v) == "auto") { p.residency_budget = 0; return true; }
+     uint64_t bytes = 0;
+     if (!parse_size(v, &bytes) || bytes == 0) return false;
+     p.residency_budget = bytes;
+     return true; },
+   [](const Policy& p) { return p.residency_budget == 0 ? std::string("auto") : show_size(p.residency_budget); }},
+  {"residency.reserve", "auto | size", "auto or a size such as 1GiB", "auto",
+   "With an auto budget, the device memory left to the program's own allocations: "
+   "auto is 1/32 of the device, at most 512MiB.",
+   [](Policy& p, const std::string& v) {
+     if (trim(v) == "auto") { p.residency_reserve = 0; return true; }
+     uint64_t bytes = 0;
+     if (!parse_size(v, &bytes) || bytes == 0) return false;
+     p.residency_reserve = bytes;
+     return true; },
+   [](const Policy& p) { return p.residency_reserve == 0 ? std::string("auto") : show_size(p.residency_reserve); }},
+  {"residency.handshake", "auto | device | host", "auto, device or host", "auto",
+   "How a launch waits for its slots' restores: device (the stream waits on a flag the restore "
+   "writes: the application's thread never waits), host (the application's thread waits until "
+   "the restore is submitted), auto (device, unless stream memory operations are unavailable or "
+   "CUDA_DEVICE_MAX_CONNECTIONS=1 would let a waiting stream block vaswap's copies).",
+   [](Policy& p, const std::string& v) {
+     const std::string t = trim(v);
+     if (t == "auto") p.handshake = Handshake::automatic;
+     else if (t == "device") p.handshake = Handshake::device;
+     else if (t == "host") p.handshake = Handshake::host;
+     else return false;
+     return true; },
+   [](const Policy& p) {
+     return std::string(p.handshake == Handshake::automatic ? "auto" : p.handshake == Handshake::device ? "device" : "host"); }},
+  {"residency.wait_limit", "duration >= 100ms", "a duration of at least 100ms, such as 60s", "60s",
+   "The longest any wait of vaswap's may last (a restore's copy, an eviction's last use, room in "
+   "the budget). Past it the wait is a named error and the process ends: never a silent hang.",
+   [](Policy& p, const std::string& v) {
+     uint64_t ns = 0;
+     if (!parse_duration(v, &ns) || ns < 100000000) return false;
+     p.wait_limit_ns = ns;
+     return true; },
+   [](const Policy& p) { return show_duration(p.wait_limit_ns); }},
   {"guard", "bool", "true or false", "true",
    "Check eager launches against offloaded regions and restore on demand instead of faulting.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.guard); },
@@ -374,6 +407,20 @@ std::string suggestion(const std::string& key) {
   if (best_distance <= std::max<size_t>(2, key.size() / 4))
     return "; did you mean \"" + best + "\"?";
   return "; see docs/POLICY.md for the keys";
+}
+
+// Keys that existed and were taken out, with what replaces them.
+std::string removed_or_unknown(const std::string& key) {
+  static const std::pair<const char*, const char*> kRemoved[] = {
+      {"schedule.max_overhead",
+       "what leaves the device is now what residency.budget requires; remove the key"},
+      {"schedule.byte_budget",
+       "set residency.budget to the device memory the slots may hold instead"},
+  };
+  for (const auto& [old_key, instead] : kRemoved) {
+    if (key == old_key) return "\"" + key + "\" was removed in vaswap 0.2: " + instead;
+  }
+  return "unknown key \"" + key + "\"" + suggestion(key);
 }
 
 std::string must(const PolicyValue& v, const char* expected) {
@@ -608,7 +655,7 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {
     }
     const Key* key = find_key(v.key);
     if (key == nullptr) {
-      load->errors.push_back(v.where + ": unknown key \"" + v.key + "\"" + suggestion(v.key));
+      load->errors.push_back(v.where + ": " + removed_or_unknown(v.key));
       continue;
     }
     Policy candidate = load->policy;

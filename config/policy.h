@@ -15,6 +15,7 @@ namespace vaswap {
 enum class Mode { off, auto_, rules };
 enum class OnError { abort, passthrough };
 enum class Model { measured, given };
+enum class Handshake { automatic, device, host };
 
 // rules mode: offload `offload` after the launch `after`, restore it before the launch `before`.
 // Selectors name captures by their order in the process: "capture:3" is the third capture begun;
@@ -40,8 +41,11 @@ struct Policy {
   Model model = Model::measured;
   double h2d_gbps = 0, d2h_gbps = 0;  // 0: measure
   uint64_t remap_latency_ns = 600000;
-  double max_overhead_percent = 3.0;
-  uint64_t byte_budget = 0;  // 0: no limit
+  // residency
+  uint64_t residency_budget = 0;   // 0: auto (what the device has, less the reserve)
+  uint64_t residency_reserve = 0;  // 0: auto
+  Handshake handshake = Handshake::automatic;
+  uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   // guard
   bool guard = true;
   // host pool

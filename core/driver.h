@@ -32,7 +32,10 @@ namespace vaswap {
   X(cuStreamGetCaptureInfo, 12030) X(cuGraphGetNodes, 10000) X(cuGraphNodeGetType, 10000)           \
   X(cuGraphKernelNodeGetParams, 12000) X(cuFuncGetParamInfo, 12040) X(cuKernelGetParamInfo, 12040)  \
   X(cuGraphMemcpyNodeGetParams, 10000) X(cuGraphMemsetNodeGetParams, 10000)                        \
-  X(cuGraphChildGraphNodeGetGraph, 10000) X(cuGraphBatchMemOpNodeGetParams, 11070)
+  X(cuGraphChildGraphNodeGetGraph, 10000) X(cuGraphBatchMemOpNodeGetParams, 11070)              \
+  X(cuMemHostGetDevicePointer, 3020) X(cuStreamWaitValue32, 11070) X(cuStreamWriteValue32, 11070) \
+  X(cuStreamBatchMemOp, 11070) X(cuStreamGetCtx, 9020) X(cuStreamQuery, 2000)                     \
+  X(cuDeviceGetAttribute, 2000) X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000)
 // clang-format on
 
 struct Driver {

@@ -34,10 +34,11 @@ std::string Slot::describe() const {
 // Driver calls
 // =============================================================================================
 
-void Engine::check(CUresult result, const char* call, const std::string& subject) {
+void Engine::check(CUresult result, const char* call, const std::string& subject, bool report) {
   if (result == CUDA_SUCCESS) return;
-  errors_.fetch_add(1);
   const std::string message = cuda_failure(call, result, subject);
+  if (!report) fail(VASWAP_ERROR_CUDA, message);
+  errors_.fetch_add(1);
   log().error("{}", message);
   if (trace::enabled()) {
     trace::Record(trace::Event::error)
@@ -56,7 +57,8 @@ std::unique_lock<std::mutex> Engine::driver_call_lock() {
 
 // One physical handle for the whole range (DESIGN.md §7: cost grows with handles, not bytes).
 CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t bytes,
-                                               const std::string& subject, PageTimes* times) {
+                                               const std::string& subject, PageTimes* times,
+                                               bool report) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -68,12 +70,12 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   auto lock = driver_call_lock();
   CUmemGenericAllocationHandle handle = 0;
   uint64_t t = trace::now_ns();
-  check(driver_.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate", subject);
+  check(driver_.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate", subject, report);
   times->create_us = trace::us_since(t);
   t = trace::now_ns();
   CUresult rc = driver_.cuMemMap(va, bytes, 0, handle, 0);
   if (rc != CUDA_SUCCESS) driver_.cuMemRelease(handle);
-  check(rc, "cuMemMap", subject);
+  check(rc, "cuMemMap", subject, report);
   times->map_us = trace::us_since(t);
   t = trace::now_ns();
   rc = driver_.cuMemSetAccess(va, bytes, &access, 1);
@@ -81,7 +83,7 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
     driver_.cuMemUnmap(va, bytes);
     driver_.cuMemRelease(handle);
   }
-  check(rc, "cuMemSetAccess", subject);
+  check(rc, "cuMemSetAccess", subject, report);
   times->access_us = trace::us_since(t);
   return handle;
 }
@@ -225,6 +227,12 @@ std::vector<Slot*> Engine::checked_batch(const std::vector<Slot*>& slots, const 
       fail(VASWAP_ERROR_INVALID_STATE,
            std::string(call) + ": " + slot->describe() + " is being destroyed");
     }
+    if (slot->managed) {
+      fail(VASWAP_ERROR_INVALID_STATE,
+           std::string(call) + ": " + slot->describe() +
+               " backs an allocation of the program and its pages are moved by the preload; "
+               "read it (vaswap_slot_info) but do not release or remap it");
+    }
   }
   return slots;
 }
@@ -305,7 +313,7 @@ void Engine::wait_until(std::unique_lock<std::mutex>& lock, const std::function<
 // Slots
 // =============================================================================================
 
-Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted) {
+Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted, bool backed, bool report) {
   if (bytes == 0) fail(VASWAP_ERROR_INVALID_ARGUMENT, "vaswap_slot_create: bytes must be > 0");
   Device& d = device(ordinal);
   auto slot = std::make_unique<Slot>();
@@ -323,14 +331,16 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted) {
           "a slot of " + byte_size(bytes) + " on device " + std::to_string(ordinal));
   }
   PageTimes times;
-  try {
-    slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times);
-  } catch (const Error&) {
-    auto lock = driver_call_lock();
-    driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
-    throw;
+  if (backed) {
+    try {
+      slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times, report);
+    } catch (const Error&) {
+      auto lock = driver_call_lock();
+      driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
+      throw;
+    }
+    bytes_mapped_.fetch_add(slot->mapped_bytes);
   }
-  bytes_mapped_.fetch_add(slot->mapped_bytes);
   bytes_reserved_.fetch_add(slot->mapped_bytes);
   note_memory();
   if (trace::enabled()) {
@@ -341,12 +351,40 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted) {
         .add("bytes", static_cast<uint64_t>(slot->bytes))
         .add("mapped_bytes", static_cast<uint64_t>(slot->mapped_bytes))
         .add("device", ordinal)
+        .add("backed", backed)
         .add("dur_us", trace::us_since(start))
         .emit();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   slots_.insert(slot.get());
   return slot.release();
+}
+
+void Engine::back(Slot* slot, const std::optional<BatchTiming>& timing, bool report) {
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  const uint64_t start = trace::now_ns();
+  PageTimes times;
+  const CUmemGenericAllocationHandle handle =
+      map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times, report);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->handle = handle;
+  }
+  pages_mapped(facts_of(*slot), times, start, timing);
+}
+
+void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing) {
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  const uint64_t start = trace::now_ns();
+  PageTimes times;
+  unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->handle = 0;
+  }
+  pages_released(facts_of(*slot), times, start, timing);
 }
 
 void Engine::destroy_slot(Slot* slot) {

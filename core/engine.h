@@ -79,6 +79,7 @@ struct Slot {
   bool release_pending = false;
   bool closing = false;
   bool intercepted = false;     // backs an allocation the preload intercepted: its free destroys it
+  bool managed = false;         // residency.h moves its pages; the C API's moves refuse it
   RemapBatch* remap = nullptr;  // a remap that references the slot, until adopt/destroy
   SharedEvent last_copy;        // the H2D of the remap it adopted; a release waits on it
   std::string async_error;      // a worker's failure, reported by the next call on the slot
@@ -160,7 +161,10 @@ class Engine {
   // Slots
   // `intercepted`: the slot backs an allocation the preload intercepted; only the program's free
   // of that allocation may destroy it (vaswap_slot_destroy refuses).
-  Slot* create_slot(int device, size_t bytes, bool intercepted = false);
+  // `backed` false: the address alone is reserved; the slot has no pages until back().
+  // `report` false: a failure is thrown without going to the log and the error count.
+  Slot* create_slot(int device, size_t bytes, bool intercepted = false, bool backed = true,
+                    bool report = true);
   void destroy_slot(Slot* slot);
   vaswap_slot_info info(Slot* slot);
   void unmap_and_release(Slot* slot);
@@ -189,6 +193,18 @@ class Engine {
   bool wait_submitted_for(RemapBatch* batch, int timeout_ms);
   void adopt(RemapBatch* batch);
   void destroy_remap(RemapBatch* batch);
+
+  // Mechanism for the slots residency.h manages (Slot::managed): pages at the slot's address, or
+  // none. Each throws Error with nothing changed; the caller serializes the calls of one slot.
+  // `report` false: a failure is thrown without going to the log and the error count (the
+  // caller retries, and reports what remains).
+  void back(Slot* slot, const std::optional<BatchTiming>& timing, bool report = true);
+  void unback(Slot* slot, const std::optional<BatchTiming>& timing);
+  // Counts a copy residency made (the engine's stats and its peaks).
+  void count_copy(bool d2h, uint64_t bytes) {
+    (d2h ? bytes_offloaded_ : bytes_restored_).fetch_add(bytes);
+  }
+  const Driver& driver() const { return driver_; }
 
   // Diagnostics and policy
   void memory_info(int device, size_t* free_bytes, size_t* total_bytes);
@@ -240,9 +256,10 @@ class Engine {
   std::string take_async_errors(const std::vector<Slot*>& slots);
 
   // Driver calls with error reporting; see engine.cpp.
-  void check(CUresult result, const char* call, const std::string& subject);
+  void check(CUresult result, const char* call, const std::string& subject, bool report = true);
   CUmemGenericAllocationHandle map_pages(Device& d, CUdeviceptr va, size_t bytes,
-                                         const std::string& subject, PageTimes* times);
+                                         const std::string& subject, PageTimes* times,
+                                         bool report = true);
   void unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
                    const std::string& subject, PageTimes* times);
   // Counters and trace for pages that went away or came back, shared by workers and the

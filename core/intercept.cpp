@@ -23,6 +23,7 @@
 #include "log.h"
 #include "planner.h"
 #include "policy.h"
+#include "residency.h"
 #include "trace.h"
 
 namespace vaswap::intercept {
@@ -87,6 +88,12 @@ const Environment& environment() {
 
 std::vector<Slot*> slots_of_capture(uint64_t ordinal);
 void say_summary();
+
+}  // namespace
+
+bool stream_capturing(CUstream stream);
+
+namespace {
 
 // First hooked call: open the trace and say what needs saying, once.
 void start() {
@@ -160,6 +167,7 @@ struct Tables {
   std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> layouts;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
+  std::atomic<int> captures_open{0};  // live captures: copies and memsets into slots are checked
 };
 
 Tables& tables() {
@@ -232,9 +240,10 @@ void register_region(const Region& region) {
   if (!registry.insert(region, &error)) log().warn("cannot register a region: {}", error);
 }
 
-// A slot is about to be destroyed: no graph's facts and no plan may keep it.
+// A slot is about to be destroyed: no graph's facts, no plan and no residency may keep it.
 void forget_slot(Tables& t, Slot* slot) {
   planner::forget(slot);
+  residency::forget(slot);
   std::lock_guard<std::mutex> lock(t.mutex);
   for (auto& [exec, facts] : t.execs) {
     auto& list = facts.slots;
@@ -269,20 +278,27 @@ void say_summary() {
   const planner::Counters p = planner::counters();
   vaswap_stats s{};
   Engine::MemoryPeaks peaks;
+  residency::Stats r;
   if (t.slots.load() > 0) {  // the engine exists; do not create one at exit
     s = engine().stats();
     peaks = engine().memory_peaks();
+    r = residency::stats();
   }
   const double mib = 1024.0 * 1024.0;
   log().info(
       "summary: {} slots selected; {} offloaded ({} plan{}); {:.0f} MiB offloaded, {:.0f} MiB "
       "restored; device memory peak {:.0f} MiB in use, {:.0f} MiB with the released pages added "
-      "back (cuMemGetInfo); host waited {:.1f} ms for restores ({} waits, {} slots on demand); {} "
-      "guard hits; {} deviations; {} errors",
+      "back (cuMemGetInfo); residency budget {:.0f} MiB, slots held at most {:.0f} MiB; {} "
+      "evictions ({} for room, {} planned, {} for the program's own allocations); {} launches "
+      "refused for want of memory; {} handshake; host waited {:.1f} ms for restores ({} waits, "
+      "{} slots on demand); {} guard hits; {} deviations; {} errors",
       t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
       static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
       static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
-      p.stall_us / 1e3, p.stalls, p.on_demand_restores, p.guard_hits, p.deviations, s.errors);
+      static_cast<double>(r.budget_bytes) / mib, static_cast<double>(r.peak_resident) / mib,
+      r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.oom_launches,
+      r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls, p.on_demand_restores,
+      p.guard_hits, p.deviations, s.errors);
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
       .add("slots", t.slots.load())
@@ -292,6 +308,14 @@ void say_summary() {
       .add("bytes_restored", s.bytes_restored)
       .add("peak_used", peaks.used)
       .add("peak_without_releases", peaks.without_releases)
+      .add("budget", r.budget_bytes)
+      .add("peak_resident", r.peak_resident)
+      .add("evictions", r.evictions)
+      .add("evictions_budget", r.evictions_budget)
+      .add("evictions_plan", r.evictions_plan)
+      .add("evictions_program", r.evictions_program)
+      .add("oom_launches", r.oom_launches)
+      .add("handshake", r.device_handshake ? "device" : "host")
       .add("wait_us", p.stall_us)
       .add("waits", p.stalls)
       .add("on_demand", p.on_demand_restores)
@@ -381,13 +405,17 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
       return false;
     }
   }
+  // Made during a capture, a slot reserves its address alone: its pages come before its first
+  // use (residency.h), never at capture. Made outside one, it is used at once: backed now.
+  const bool backed = !capture;
   Slot* slot = nullptr;
   try {
-    slot = engine().create_slot(device, bytes, /*intercepted=*/true);
+    slot = engine().create_slot(device, bytes, /*intercepted=*/true, backed);
   } catch (const Error& e) {
     warn_slot_failure(e.what());
     return false;
   }
+  residency::adopt(slot, backed);
   register_region({slot->va, bytes, device, RegionKind::slot, capture, slot});
   t.allocations.fetch_add(1, std::memory_order_relaxed);
   t.slots.fetch_add(1, std::memory_order_relaxed);
@@ -506,6 +534,7 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   }
   tls_captures.push_back(stream);
   t.captures_begun.fetch_add(1, std::memory_order_relaxed);
+  t.captures_open.fetch_add(1, std::memory_order_relaxed);
   planner::capture_begun();
   if (trace::enabled()) {
     auto r = record(trace::Event::capture_begin, call);
@@ -527,6 +556,7 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
     if (it != t.captures.end()) {
       ended = it->second;
       t.captures.erase(it);
+      t.captures_open.fetch_sub(1, std::memory_order_relaxed);
     }
   }
   if (ended && result == CUDA_SUCCESS && graph != nullptr) {
@@ -668,7 +698,7 @@ void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> gra
   }
 }
 
-void launched(const Call& call, CUgraphExec exec, CUstream stream) {
+Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
   Tables& t = tables();
   t.launches.fetch_add(1, std::memory_order_relaxed);
   stream = stream_of(call, stream);
@@ -684,8 +714,8 @@ void launched(const Call& call, CUgraphExec exec, CUstream stream) {
       facts.opaque = true;
       facts.why_opaque = "its instantiation was not seen";
     }
-    capturing = !t.captures.empty() && t.captures.count(stream) != 0;
   }
+  capturing = stream_capturing(stream);
   if (facts.opaque) facts.slots = every_slot(t.registry);
   if (trace::enabled()) {
     auto r = record(trace::Event::graph_launch, call);
@@ -697,21 +727,40 @@ void launched(const Call& call, CUgraphExec exec, CUstream stream) {
     r.emit();
   }
   // A launch into a capturing stream becomes a node of that graph; nothing runs now.
-  if (capturing) return;
-  planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
+  if (capturing) return Ticket{};
+  return planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
 }
 
-void launch_returned(const Call& call, CUgraphExec exec, CUstream stream) {
+void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const Ticket& ticket,
+                     bool enqueued) {
   Tables& t = tables();
   stream = stream_of(call, stream);
   uint64_t ordinal = 0;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
-    if (t.captures.count(stream) != 0) return;
     auto it = t.execs.find(exec);
     if (it != t.execs.end()) ordinal = it->second.ordinal;
   }
-  planner::after_graph(exec, stream, ordinal);
+  if (ticket.acquired.slots.empty() && stream_capturing(stream)) return;
+  if (!enqueued) {
+    residency::used(ticket.acquired);  // nothing ran: only the slots' pins go
+    return;
+  }
+  planner::after_graph(exec, stream, ordinal, ticket);
+}
+
+bool out_of_memory(const Call& call, size_t bytes) {
+  if (tables().slots.load(std::memory_order_relaxed) == 0) return false;
+  const int device = current_device();
+  if (device < 0) return false;
+  const uint64_t freed = residency::make_room(device, bytes);
+  if (trace::enabled()) {
+    record(trace::Event::notice, call)
+        .add("message", "the program's allocation of " + byte_size(bytes) +
+                            " failed for want of memory; slots gave back " + byte_size(freed))
+        .emit();
+  }
+  return freed > 0;
 }
 
 // =============================================================================================
@@ -739,28 +788,43 @@ void add_words(const RegionRegistry& registry, const void* data, size_t bytes,
   }
 }
 
-bool stream_capturing(Tables& t, CUstream stream) {
-  std::lock_guard<std::mutex> lock(t.mutex);
-  return !t.captures.empty() && t.captures.count(stream) != 0;
+}  // namespace
+
+// True when work on `stream` would be recorded into a capture: the stream that began one, or a
+// stream forked into it through an event (which vaswap's own tables do not name), so the
+// driver is asked whenever any capture is open.
+bool stream_capturing(CUstream stream) {
+  if (tables().captures_open.load(std::memory_order_relaxed) == 0) return false;
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult rc = driver->cuStreamIsCapturing(stream, &status);
+  return rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-void hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots) {
-  if (slots.empty()) return;
+namespace {
+
+Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots) {
+  if (slots.empty()) return Ticket{};
   if (trace::enabled()) {
     record(trace::Event::eager, call)
         .hex("stream", stream_id(stream))
         .add("slots", static_cast<uint64_t>(slots.size()))
         .emit();
   }
-  planner::before_eager(call.symbol, stream, slots);
+  return planner::before_eager(call.symbol, stream, slots);
 }
 
 }  // namespace
 
 // Until the preload has made a slot there is nothing for eager work to use: no scan.
 bool eager_wanted() {
-  return tables().slots.load(std::memory_order_relaxed) != 0 && planner::wants_eager();
+  const Tables& t = tables();
+  return t.slots.load(std::memory_order_relaxed) != 0 &&
+         (planner::wants_eager() || t.captures_open.load(std::memory_order_relaxed) != 0);
 }
+
+void eager_done(const Ticket& ticket) { planner::after_eager(ticket); }
 
 Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
   const Driver* driver = load_driver(nullptr);
@@ -773,11 +837,13 @@ Param driver_param_info(const void* function, size_t index, size_t* offset, size
   return failure == CUDA_ERROR_INVALID_VALUE ? Param::end : Param::unknown;
 }
 
-void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
-                  void** extra) {
+Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
+                    void** extra) {
   Tables& t = tables();
   stream = stream_of(call, stream);
-  if (stream_capturing(t, stream)) return;
+  // Into a capture: a kernel node is fine with unmapped addresses (they are mapped before the
+  // graph runs); nothing runs now.
+  if (stream_capturing(stream) || !planner::wants_eager()) return Ticket{};
   std::vector<Slot*> slots;
   if (extra != nullptr) {
     const void* buffer = nullptr;
@@ -827,16 +893,25 @@ void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void*
       }
     }
   }
-  hand_to_planner(call, stream, slots);
+  return hand_to_planner(call, stream, slots);
 }
 
-void eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {
+Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {
   Tables& t = tables();
   stream = stream_of(call, stream);
-  if (stream_capturing(t, stream)) return;
   std::vector<Slot*> slots;
   for (size_t i = 0; i < count; ++i) add_slot(t.registry, addresses[i], &slots);
-  hand_to_planner(call, stream, slots);
+  if (slots.empty()) return Ticket{};
+  if (stream_capturing(stream)) {
+    // A copy or memset node is checked against its addresses when it is recorded (measured on
+    // the H200: a memcpy into a reserved, unmapped address fails to capture).
+    Ticket ticket;
+    ticket.result = residency::back_for_capture(slots, &ticket.message);
+    if (ticket.result != CUDA_SUCCESS) log().error("{}: {}", call.symbol, ticket.message);
+    return ticket;
+  }
+  if (!planner::wants_eager()) return Ticket{};
+  return hand_to_planner(call, stream, slots);
 }
 
 void exec_destroyed(const Call& call, CUgraphExec exec) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "planner.h"
 #include "policy.h"
 #include "registry.h"
 
@@ -62,7 +63,11 @@ bool routing_on();
 // Backs the allocation with a slot when the policy selects it. Returns true and sets `va` when
 // it did; false means the caller makes the real allocation and reports it with `allocated`,
 // passing on `skipped` (set when a guard, rather than the policy, kept it from being a slot).
+// A slot made during a capture reserves its address only: it gets pages before its first use.
 bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped);
+// A real allocation failed for want of memory: slots no launch in flight needs give their pages
+// back (evicted to pinned host memory). True when some did, and the allocation may be retried.
+bool out_of_memory(const Call& call, size_t bytes);
 // A real allocation succeeded. `stream` is the stream of a stream-ordered allocation, or null.
 void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
                const char* skipped = nullptr);
@@ -84,10 +89,14 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph);
 // An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
+// What a launch holds from before the real call to after it. Not ok: the launch must not happen
+// (its slots cannot fit the residency budget); the hook returns the API's out-of-memory error.
+using Ticket = planner::Ticket;
 // Before the real launch: the planner makes the graph's slots resident and acts on its plan.
-void launched(const Call& call, CUgraphExec exec, CUstream stream);
-// After the real launch returned (timing while the planner learns).
-void launch_returned(const Call& call, CUgraphExec exec, CUstream stream);
+Ticket launched(const Call& call, CUgraphExec exec, CUstream stream);
+// After the real launch returned; `enqueued` when it succeeded.
+void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const Ticket& ticket,
+                     bool enqueued);
 void exec_destroyed(const Call& call, CUgraphExec exec);
 void graph_destroyed(const Call& call, CUgraph graph);
 
@@ -95,8 +104,9 @@ void graph_destroyed(const Call& call, CUgraph graph);
 // Eager work: kernels, copies and memsets outside graphs
 // ---------------------------------------------------------------------------------------------
 
-// True when eager work must be scanned (planner.h: while learning, and with the guard on). The
-// hooks forward at once otherwise. One relaxed load.
+// True when eager work must be scanned (planner.h: unless a schedule is in force and the guard
+// is off), and while any capture is open (copies and memsets recorded into slots need them
+// mapped). The hooks forward at once otherwise. Two relaxed loads.
 bool eager_wanted();
 // What asking for one kernel parameter's place gave: the place, the end of the list (a kernel
 // has that many parameters), or nothing (the kernel gives no layout).
@@ -110,11 +120,15 @@ struct Kernel {
 // cuFuncGetParamInfo (else cuKernelGetParamInfo) through the driver vaswap loaded.
 Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes);
 // Before a kernel launch: its parameters (laid out as the kernel says) or its packed `extra`
-// buffer are scanned for slot addresses.
-void eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
-                  void** extra);
-// Before a copy or memset: the addresses it reads or writes (host addresses find nothing).
-void eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count);
+// buffer are scanned for slot addresses, and those slots made resident.
+Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
+                    void** extra);
+// Before a copy or memset: the addresses it reads or writes (host addresses find nothing). Into
+// a capture: the slots it names get their pages now, as a captured copy needs its addresses
+// mapped.
+Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count);
+// After the real eager call returned.
+void eager_done(const Ticket& ticket);
 
 // ---------------------------------------------------------------------------------------------
 // Device state

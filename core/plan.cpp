@@ -162,6 +162,18 @@ class Chooser {
 
 }  // namespace
 
+namespace {
+
+// The positions at which a window's region is away: from its release to its restore (circular).
+std::vector<int> away_positions(const Window& w, int n) {
+  std::vector<int> out;
+  const int length = ((w.restore_at - w.release_at) % n + n) % n;
+  for (int k = 0; k < length; ++k) out.push_back((w.release_at + k) % n);
+  return out;
+}
+
+}  // namespace
+
 Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   Plan plan;
   const int n = static_cast<int>(period.start_us.size());
@@ -169,8 +181,8 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
     plan.reason = "no period or no model";
     return plan;
   }
-  // Each region's uses, in position order; a region used nowhere is never offloaded (what a scan
-  // cannot see may still use it).
+  // Each region's uses, in position order; a region used nowhere is never offloaded by the plan
+  // (residency evicts it first when room is needed).
   std::vector<std::vector<int>> uses(period.region_bytes.size());
   for (int i = 0; i < n; ++i) {
     for (int region : period.uses[static_cast<size_t>(i)]) {
@@ -178,9 +190,19 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
       if (list.empty() || list.back() != i) list.push_back(i);
     }
   }
+  auto pages_of = [&](size_t r) {
+    return period.region_pages.empty() ? period.region_bytes[r] : period.region_pages[r];
+  };
+  for (size_t r = 0; r < uses.size(); ++r) {
+    if (!uses[r].empty()) plan.total_pages += pages_of(r);
+  }
+  plan.resident_peak = plan.total_pages;
+  if (knobs.budget_pages == 0 || plan.total_pages <= knobs.budget_pages) {
+    plan.reason = "the period's slots fit the budget: nothing has to leave";
+    return plan;
+  }
   Chooser chooser(period, model, knobs);
   std::vector<Candidate> candidates;
-  double longest_gap = 0, its_need = 0;
   for (size_t r = 0; r < uses.size(); ++r) {
     const auto& list = uses[r];
     for (size_t k = 0; k < list.size(); ++k) {
@@ -188,48 +210,49 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
       const int v = k + 1 < list.size() ? list[k + 1] : list[0] + n;
       Candidate c = chooser.evaluate(static_cast<int>(r), u, v);
       ++plan.candidates;
-      if (c.window.gap_us > longest_gap) {
-        longest_gap = c.window.gap_us;
-        its_need = model.d2h_us(c.bytes) + model.h2d_us(c.bytes) + model.remap_us;
-      }
       if (c.window.freed_us > 0) candidates.push_back(c);
     }
   }
-  // The most bytes away for the longest first; each then placed on the links as they fill.
+  // Windows the link hides before those it cannot; among each, the most pages away for the
+  // longest first. Each is placed on the links as they fill, and taken while some position it
+  // covers is still over the budget.
   std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.benefit > b.benefit; });
-  const double allowed_us = knobs.max_overhead_percent / 100.0 * period.length_us;
-  uint64_t over_budget = 0;
+                   [](const Candidate& a, const Candidate& b) {
+                     const bool ha = a.window.exposed_us > 0, hb = b.window.exposed_us > 0;
+                     return ha != hb ? !ha : a.benefit > b.benefit;
+                   });
+  std::vector<int64_t> over(static_cast<size_t>(n),
+                            static_cast<int64_t>(plan.total_pages - knobs.budget_pages));
   for (const Candidate& first : candidates) {
     const Candidate c =
         chooser.evaluate(first.window.region, first.window.last_use,
                          first.window.next_use <= first.window.last_use ? first.window.next_use + n
                                                                         : first.window.next_use);
     if (c.window.freed_us <= 0) continue;
-    if (plan.exposed_us + c.window.exposed_us > allowed_us) continue;
-    if (knobs.byte_budget != 0 && chooser.peak_with(&c) > knobs.byte_budget) {
-      ++over_budget;
-      continue;
-    }
+    const std::vector<int> away = away_positions(c.window, n);
+    const bool helps = std::any_of(away.begin(), away.end(),
+                                   [&over](int q) { return over[static_cast<size_t>(q)] > 0; });
+    if (!helps) continue;
     chooser.take(c);
     plan.exposed_us += c.window.exposed_us;
+    for (int q : away) over[static_cast<size_t>(q)] -= static_cast<int64_t>(c.pages);
   }
   for (const Candidate& c : chooser.taken()) plan.windows.push_back(c.window);
   std::sort(plan.windows.begin(), plan.windows.end(), [](const Window& a, const Window& b) {
     return a.region != b.region ? a.region < b.region : a.last_use < b.last_use;
   });
   plan.peak_bytes = chooser.peak_with(nullptr);
-  if (plan.windows.empty()) {
-    plan.reason = plan.candidates == 0 ? "no region is used in the period"
-                  : over_budget > 0
-                      ? fmt::format(
-                            "every window that fits the link would exceed "
-                            "schedule.byte_budget ({} bytes)",
-                            knobs.byte_budget)
-                      : fmt::format(
-                            "no window can hide its copies within max_overhead: the longest is "
-                            "{:.0f} us and its region needs {:.0f} us of copies and remaps",
-                            longest_gap, its_need);
+  const int64_t worst = *std::max_element(over.begin(), over.end());
+  plan.resident_peak = static_cast<uint64_t>(static_cast<int64_t>(knobs.budget_pages) + worst);
+  if (worst > 0) {
+    plan.short_pages = static_cast<uint64_t>(worst);
+    plan.reason = fmt::format(
+        "with every window taken, a position still holds {} bytes more than the budget of {}: "
+        "the rest is evicted when it is needed, on demand",
+        worst, knobs.budget_pages);
+  } else if (plan.exposed_us > 0) {
+    plan.reason =
+        fmt::format("the budget needs {:.0f} us of copies the link cannot hide", plan.exposed_us);
   }
   return plan;
 }

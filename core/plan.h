@@ -7,10 +7,14 @@
 //
 // For each region and each window between two consecutive uses u and v, the release is issued
 // just before the launch u + 1 + release_lag and its D2H follows the work before it; the restore
-// is issued just before the launch v - prefetch_distance and the stream waits for it before the
-// launch v. A window is taken when its copies and remaps fit the measured times of the positions
-// in between, on links that carry one copy at a time in each direction; what cannot be hidden
-// counts against max_overhead, and the bytes offloaded at once against byte_budget.
+// is issued just before the launch v - prefetch_distance (earlier when its map and copy need
+// longer) and the stream waits for it before the launch v. Copies are placed on links that carry
+// one copy at a time in each direction, with the measured times of the positions in between.
+//
+// What must leave is what the residency budget says: a period whose slots fit takes no window.
+// Otherwise windows are taken, those the link hides first and the most pages away for the
+// longest first among them, until at every position the pages of the slots not away fit the
+// budget.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +38,7 @@ struct Model {
 struct Knobs {
   int prefetch_distance = 1;
   int release_lag = 0;
-  double max_overhead_percent = 3.0;
-  uint64_t byte_budget = 0;  // 0: no limit; counted in pages, like Plan::peak_bytes
+  uint64_t budget_pages = 0;  // device memory the period's slots may hold at once; 0: no limit
 };
 
 // One learned period.
@@ -64,9 +67,12 @@ struct Window {
 struct Plan {
   std::vector<Window> windows;  // by region, then position
   uint64_t peak_bytes = 0;      // most device memory away at once (pages), in the model
+  uint64_t total_pages = 0;     // the pages of every region the period uses
+  uint64_t resident_peak = 0;   // most pages resident at a position, with the windows taken
+  uint64_t short_pages = 0;     // at the worst position, how far over the budget that still is
   double exposed_us = 0;        // sum of the windows' exposed time
   uint64_t candidates = 0;      // windows considered
-  std::string reason;           // why nothing was taken, when nothing was
+  std::string reason;           // why nothing was taken, or why the budget is not met
 };
 
 Plan choose(const Period& period, const Model& model, const Knobs& knobs);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -24,10 +25,15 @@ namespace vaswap::planner {
 namespace {
 
 // Launches observed without finding a period before the planner gives up (and stays out of the
-// way: launches still get invariant 2).
+// way: residency alone keeps launches correct and within the budget).
 constexpr size_t kMaxLearningLaunches = 4096;
-// The copy test: one region of this size each way, twice (the first warms the path).
+// The copy test: one region of at most this size each way, twice (the first warms the path); less
+// when the device is short of memory, at least one page.
 constexpr size_t kModelBytes = size_t{64} << 20;
+constexpr size_t kModelMinBytes = size_t{2} << 20;
+// When nothing could be measured and the policy gives no figures: a PCIe 3 x16 link's, which
+// every current system beats, so the plan errs towards starting restores early.
+constexpr double kFallbackGbps = 12;
 
 enum class Phase : int { off, learning, planning, steady };
 
@@ -41,16 +47,6 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
-enum class Where { resident, offloaded, restoring };
-
-// A slot the planner has seen used.
-struct Held {
-  Where where = Where::resident;
-  void* host = nullptr;           // its pinned copy, allocated when a plan first offloads it
-  RemapBatch* restore = nullptr;  // while restoring
-  std::vector<CUstream> streams;  // streams that used it since its last offload
-};
-
 // One graph launch observed while learning, with the slots it and the eager work after it use.
 struct Seen {
   CUgraphExec exec = nullptr;
@@ -58,17 +54,11 @@ struct Seen {
   CUevent start = nullptr, end = nullptr;  // around the launch, on its stream
 };
 
-// The plan in force, by position.
+// The schedule in force, by position.
 struct Active {
   uint64_t id = 0;
   std::vector<CUgraphExec> keys;
   std::vector<std::vector<Slot*>> needs, releases, restores;
-};
-
-// vaswap's own stream on a device for the D2H bursts after release points (restores copy on the
-// engine's copy stream).
-struct Streams {
-  CUstream offload = nullptr;
 };
 
 double elapsed_us(const Driver& driver, CUevent from, CUevent to) {
@@ -124,6 +114,24 @@ class MemorySampler {
   std::thread thread_;
 };
 
+// An event in `stream`'s own context (DESIGN.md invariant 6: events are made on the device of
+// what they are recorded on), recorded there now.
+CUevent record_on(const Driver& driver, CUstream stream, unsigned flags) {
+  CUcontext context = nullptr;
+  if (driver.cuStreamGetCtx(stream, &context) != CUDA_SUCCESS) driver.cuCtxGetCurrent(&context);
+  ContextScope scope(driver, context);
+  CUevent event = nullptr;
+  if (driver.cuEventCreate(&event, flags) != CUDA_SUCCESS) {
+    fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
+  }
+  const CUresult rc = driver.cuEventRecord(event, stream);
+  if (rc != CUDA_SUCCESS) {
+    driver.cuEventDestroy(event);
+    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventRecord", rc, "a planner timing event"));
+  }
+  return event;
+}
+
 class Planner {
  public:
   void configure(const Policy& policy,
@@ -142,53 +150,56 @@ class Planner {
       }
     }
     set_phase(policy.mode == Mode::auto_ ? Phase::learning : Phase::off);
-    if (policy.mode == Mode::rules) eager_.store(policy.guard, std::memory_order_relaxed);
   }
 
   bool wants_eager() const { return eager_.load(std::memory_order_relaxed); }
 
-  void before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
-                    const std::vector<Slot*>& slots, uint64_t capture);
-  void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture);
-  void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+  Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
+                      const std::vector<Slot*>& slots, uint64_t capture);
+  void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
+  Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
   void capture_begun();
   void exec_changed(CUgraphExec exec);
   void forget(Slot* slot);
   Counters counters() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return counters_;
+    Counters c = counters_;
+    const residency::Stats r = residency::stats();
+    c.stalls = r.host_waits;
+    c.stall_us = r.host_wait_us;
+    c.regions_offloaded = r.distinct_evicted;
+    return c;
   }
 
  private:
   // Everything below runs under mutex_.
   void set_phase(Phase phase) {
     phase_ = phase;
-    eager_.store(phase == Phase::learning || (phase == Phase::steady && policy_.guard),
-                 std::memory_order_relaxed);
+    // Eager work is scanned whenever the schedule may not know it: always but in steady state
+    // with the guard off.
+    eager_.store(phase != Phase::steady || policy_.guard, std::memory_order_relaxed);
   }
-  Held& held(Slot* slot) { return held_[slot]; }
-  void used(const std::vector<Slot*>& slots, CUstream stream);
-  // Invariant 2 for one launch: returns the number of slots that had to be restored on demand.
-  size_t make_resident(const std::vector<Slot*>& slots, CUstream stream, const char* symbol,
-                       const char* reason);
-  void await(RemapBatch* batch, CUstream stream, const char* symbol, const char* reason,
-             bool on_demand);
-  void wait_submitted(RemapBatch* batch, CUstream stream);
-  void offload(const std::vector<Slot*>& slots, CUstream stream, int position);
-  void restore(const std::vector<Slot*>& slots, CUstream stream, int position);
-  void settle(const std::vector<Slot*>& batch, Where where, RemapBatch* restore, int position,
-              CUstream stream);
-  Streams& streams(int device);
-  // Destroys an adopted (or orphaned) restore on a worker: that waits for its copies to complete.
-  void reap(RemapBatch* batch);
-  CUevent new_event();
-  void drop_events(std::vector<Seen>& seen);
+  Ticket acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
+                 const char* reason);
   void learn(const char* why);
+  void drop_events(std::vector<Seen>& seen);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
   void start_planning(int period);
-  void advance(const char* symbol, CUgraphExec exec, CUstream stream,
-               const std::vector<Slot*>& slots);
+  Ticket advance(const char* symbol, CUgraphExec exec, CUstream stream,
+                 const std::vector<Slot*>& slots, const std::string& what);
   void start_sampler(const Driver& driver);
+  void trace_action(trace::Event event, const std::vector<Slot*>& slots, CUstream stream) const {
+    if (!trace::enabled()) return;
+    uint64_t bytes = 0;
+    for (const Slot* slot : slots) bytes += slot->bytes;
+    trace::Record(event)
+        .add("plan", active_.id)
+        .add("position", position_)
+        .add("slots", static_cast<uint64_t>(slots.size()))
+        .add("bytes", bytes)
+        .hex("stream", stream_id(stream))
+        .emit();
+  }
 
   // On the planning worker, without mutex_ (takes it to publish).
   struct Job;
@@ -198,28 +209,23 @@ class Planner {
   std::mutex mutex_;
   Policy policy_;
   Phase phase_ = Phase::off;
-  std::atomic<bool> eager_{false};
-  std::unordered_map<Slot*, Held> held_;
+  std::atomic<bool> eager_{true};
   std::vector<Seen> seen_;
   std::vector<CUgraphExec> keys_;  // the period being planned or in force
   Active active_;
   int position_ = 0;
   uint64_t generation_ = 0;  // bumped whenever learning starts over; stale plans are dropped
-  std::map<int, Streams> streams_;
-  std::unique_ptr<Worker> planning_worker_, reaper_;
+  std::unique_ptr<Worker> planning_worker_;
   std::unique_ptr<MemorySampler> sampler_;
   bool sampler_tried_ = false;
   std::optional<plan::Model> measured_;
   Counters counters_;
-  std::set<uint64_t> offloaded_ever_;  // slot ids
   // rules mode
   struct ParsedRule {
     unsigned long capture = 0, after = 0, before = 0;
   };
   std::vector<ParsedRule> rules_;
   std::function<std::vector<Slot*>(uint64_t)> slots_of_capture_;
-  void rules_before(const char* symbol, CUstream stream, uint64_t capture);
-  void rules_after(CUstream stream, uint64_t capture);
 };
 
 Planner& planner() {
@@ -227,282 +233,36 @@ Planner& planner() {
   return *p;
 }
 
-// =============================================================================================
-// Residency (invariant 2)
-// =============================================================================================
-
-void Planner::used(const std::vector<Slot*>& slots, CUstream stream) {
-  for (Slot* slot : slots) {
-    auto& streams = held(slot).streams;
-    if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
-      streams.push_back(stream);
-    }
-  }
+std::string describe_graph(const char* symbol, CUgraphExec exec) {
+  return std::string(symbol) + " of graph " + hex(reinterpret_cast<uintptr_t>(exec));
 }
 
-size_t Planner::make_resident(const std::vector<Slot*>& slots, CUstream stream, const char* symbol,
-                              const char* reason) {
-  std::vector<RemapBatch*> batches;
-  std::vector<Slot*> missing;
-  std::vector<void*> hosts;
-  for (Slot* slot : slots) {
-    auto it = held_.find(slot);
-    if (it == held_.end() || it->second.where == Where::resident) continue;
-    if (it->second.where == Where::restoring) {
-      if (std::find(batches.begin(), batches.end(), it->second.restore) == batches.end()) {
-        batches.push_back(it->second.restore);
-      }
-    } else {
-      missing.push_back(slot);
-      hosts.push_back(it->second.host);
-    }
-  }
-  if (!missing.empty()) {
-    // Not expected here: restore now (the worker maps at once and the copies start at once).
-    Engine& e = engine();
-    RemapBatch* batch = e.remap_when(missing, hosts, nullptr);
-    for (Slot* slot : missing) {
-      Held& h = held(slot);
-      h.where = Where::restoring;
-      h.restore = batch;
-    }
-    counters_.on_demand_restores += missing.size();
-    await(batch, stream, symbol, reason, true);
-  }
-  for (RemapBatch* batch : batches) await(batch, stream, symbol, reason, false);
-  return missing.size();
-}
+// =============================================================================================
+// Residency for one launch (invariant 2)
+// =============================================================================================
 
-// The stream waits for the batch's H2D (stream-ordered); the host waits only until the copies
-// are submitted, which needs the worker to have mapped the pages.
-void Planner::await(RemapBatch* batch, CUstream stream, const char* symbol, const char* reason,
-                    bool on_demand) {
-  Engine& e = engine();
+Ticket Planner::acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
+                        const char* reason) {
+  Ticket ticket;
   const uint64_t start = trace::now_ns();
-  bool waited = false;
-  try {
-    if (!e.try_wait_on_stream(batch, stream)) {
-      waited = true;
-      wait_submitted(batch, stream);
-    }
-    e.adopt(batch);
-  } catch (const Error& error) {
-    // Invariant 7: the host copies are intact. Drop the failed remap and restore once more,
-    // synchronously; if that fails too the launch goes ahead and the error is on the log.
-    log().error("{}: restoring for {} failed: {}; retrying", symbol, reason, error.what());
-    std::vector<Slot*> retry;
-    std::vector<void*> hosts;
-    for (auto& [slot, h] : held_) {
-      if (h.restore == batch && h.where == Where::restoring) {
-        retry.push_back(slot);
-        hosts.push_back(h.host);
-      }
-    }
-    try {
-      e.destroy_remap(batch);
-      batch = nullptr;
-      if (!retry.empty()) {
-        RemapBatch* again = e.remap_when(retry, hosts, nullptr);
-        for (Slot* slot : retry) held(slot).restore = again;
-        wait_submitted(again, stream);
-        e.adopt(again);
-        batch = again;
-      }
-    } catch (const Error& again) {
-      log().error("{}: restoring for {} failed again: {}", symbol, reason, again.what());
-      return;
-    }
-  }
-  uint64_t bytes = 0, count = 0;
-  for (auto& [slot, h] : held_) {
-    if (h.restore != batch || batch == nullptr) continue;
-    h.where = Where::resident;
-    h.restore = nullptr;
-    bytes += slot->bytes;
-    ++count;
-  }
-  if (batch != nullptr) reap(batch);
-  const double waited_us = trace::us_since(start);
-  if (waited) {
-    ++counters_.stalls;
-    counters_.stall_us += waited_us;
-  }
-  if (trace::enabled()) {
+  ticket.result = residency::acquire(slots, stream, what, &ticket.acquired, &ticket.message);
+  if (ticket.result != CUDA_SUCCESS) return ticket;
+  const residency::Acquired& a = ticket.acquired;
+  if (phase_ == Phase::steady) counters_.on_demand_restores += a.demanded;
+  if (a.waits > 0 && trace::enabled()) {
     trace::Record(trace::Event::restore_wait)
-        .add("call", symbol)
+        .add("call", what)
         .add("reason", reason)
-        .add("on_demand", on_demand)
-        .add("slots", count)
-        .add("bytes", bytes)
-        .add("host_wait", waited)
-        .add("dur_us", waited_us)
+        .add("on_demand", a.demanded > 0)
+        .add("slots", static_cast<uint64_t>(a.waits))
+        .add("restored", static_cast<uint64_t>(a.demanded))
+        .add("bytes", a.demanded_bytes)
+        .add("host_wait", a.host_waited)
+        .add("dur_us", a.host_waited ? a.host_wait_us : trace::us_since(start))
         .hex("stream", stream_id(stream))
         .emit();
   }
-}
-
-void Planner::reap(RemapBatch* batch) {
-  if (!reaper_) {
-    reaper_ = std::make_unique<Worker>(*load_driver(nullptr),
-                                       engine().context(batch->device->ordinal), "vaswap-reap");
-  }
-  reaper_->post([batch] {
-    try {
-      engine().destroy_remap(batch);
-    } catch (const Error& error) {
-      log().warn("cleaning up a restore: {}", error.what());
-    }
-  });
-}
-
-// Waits until the batch's copies are submitted, then makes the stream wait for them. A device
-// that has faulted (a sticky error: an illegal address) stops running callbacks and copies, so
-// the worker might never submit; every 20 ms the wait checks the launching stream and fails
-// instead of hanging the program.
-void Planner::wait_submitted(RemapBatch* batch, CUstream stream) {
-  Engine& e = engine();
-  const Driver& driver = *load_driver(nullptr);
-  CUevent probe = new_event();
-  driver.cuEventRecord(probe, stream);
-  while (!e.wait_submitted_for(batch, 20)) {
-    const CUresult rc = driver.cuEventQuery(probe);
-    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) {
-      driver.cuEventDestroy(probe);
-      fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventQuery", rc, "the launching stream") +
-                                  ", while waiting for a restore: the device has failed (a "
-                                  "kernel faulted?); vaswap stops waiting");
-    }
-  }
-  driver.cuEventDestroy(probe);
-  if (!e.try_wait_on_stream(batch, stream)) {
-    fail(VASWAP_ERROR_INVALID_STATE, "a restore was submitted but its copies are not ready");
-  }
-}
-
-Streams& Planner::streams(int device) {
-  Streams& s = streams_[device];
-  if (s.offload == nullptr) {
-    const Driver& driver = *load_driver(nullptr);
-    ContextScope scope(driver, engine().context(device));
-    if (driver.cuStreamCreate(&s.offload, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      fail(VASWAP_ERROR_CUDA,
-           "cuStreamCreate failed for the planner's stream on device " + std::to_string(device));
-    }
-  }
-  return s;
-}
-
-// =============================================================================================
-// The plan's actions
-// =============================================================================================
-
-// Offloads after everything already queued on the streams that used the slots (invariant 3):
-// the D2H stream waits for an event recorded on each of them now.
-void Planner::offload(const std::vector<Slot*>& slots, CUstream stream, int position) {
-  std::vector<Slot*> batch;
-  std::vector<void*> hosts;
-  std::vector<CUstream> after{stream};
-  for (Slot* slot : slots) {
-    Held& h = held(slot);
-    if (h.where != Where::resident || h.host == nullptr) continue;
-    batch.push_back(slot);
-    hosts.push_back(h.host);
-    for (CUstream s : h.streams) {
-      if (std::find(after.begin(), after.end(), s) == after.end()) after.push_back(s);
-    }
-  }
-  if (batch.empty()) return;
-  const Driver& driver = *load_driver(nullptr);
-  const int device = batch[0]->device;
-  Streams& own = streams(device);
-  try {
-    for (CUstream s : after) {
-      CUevent event = new_event();
-      driver.cuEventRecord(event, s);
-      driver.cuStreamWaitEvent(own.offload, event, 0);
-      driver.cuEventDestroy(event);  // released once the wait has seen it
-    }
-    engine().offload_after(batch, hosts, own.offload);
-  } catch (const Error& error) {
-    log().error("planned offload at position {} failed, the slots stay resident: {}", position,
-                error.what());
-    return;
-  }
-  settle(batch, Where::offloaded, nullptr, position, stream);
-  counters_.planned_offloads += batch.size();
-  for (Slot* slot : batch) {
-    if (offloaded_ever_.insert(slot->id).second) ++counters_.regions_offloaded;
-  }
-}
-
-// The slots of an action are now `where`; the action goes to the trace.
-void Planner::settle(const std::vector<Slot*>& batch, Where where, RemapBatch* restore,
-                     int position, CUstream stream) {
-  uint64_t bytes = 0;
-  for (Slot* slot : batch) {
-    Held& h = held(slot);
-    h.where = where;
-    h.restore = restore;
-    if (where == Where::offloaded) h.streams.clear();
-    bytes += slot->bytes;
-  }
-  if (!trace::enabled()) return;
-  trace::Record(where == Where::offloaded ? trace::Event::plan_offload : trace::Event::plan_restore)
-      .add("plan", active_.id)
-      .add("position", position)
-      .add("slots", static_cast<uint64_t>(batch.size()))
-      .add("bytes", bytes)
-      .hex("stream", stream_id(stream))
-      .emit();
-}
-
-// Starts restores when the launching stream reaches this point; the launch that needs them waits.
-void Planner::restore(const std::vector<Slot*>& slots, CUstream stream, int position) {
-  std::vector<Slot*> batch;
-  std::vector<void*> hosts;
-  for (Slot* slot : slots) {
-    Held& h = held(slot);
-    if (h.where != Where::offloaded) continue;
-    batch.push_back(slot);
-    hosts.push_back(h.host);
-  }
-  if (batch.empty()) return;
-  const Driver& driver = *load_driver(nullptr);
-  RemapBatch* remap = nullptr;
-  try {
-    // The pages are mapped as soon as the releases are done; the H2D waits for this point.
-    CUevent point = nullptr;
-    if (driver.cuEventCreate(&point, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING) !=
-        CUDA_SUCCESS) {
-      fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a restore point");
-    }
-    driver.cuEventRecord(point, stream);
-    remap = engine().remap_when(batch, hosts, point);
-  } catch (const Error& error) {
-    log().warn("planned restore at position {} failed; the next use restores on demand: {}",
-               position, error.what());
-    return;
-  }
-  settle(batch, Where::restoring, remap, position, stream);
-  counters_.planned_restores += batch.size();
-}
-
-CUevent Planner::new_event() {
-  CUevent event = nullptr;
-  if (load_driver(nullptr)->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-    fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
-  }
-  return event;
-}
-
-void Planner::drop_events(std::vector<Seen>& seen) {
-  const Driver& driver = *load_driver(nullptr);
-  for (Seen& s : seen) {
-    for (CUevent event : {s.start, s.end}) {
-      if (event != nullptr) driver.cuEventDestroy(event);
-    }
-    s.start = s.end = nullptr;
-  }
+  return ticket;
 }
 
 // =============================================================================================
@@ -518,6 +278,7 @@ void Planner::learn(const char* why) {
   active_ = Active{};
   position_ = 0;
   ++generation_;
+  residency::set_schedule({});
   set_phase(Phase::learning);
   if (trace::enabled()) {
     trace::Record(trace::Event::learn)
@@ -528,13 +289,22 @@ void Planner::learn(const char* why) {
   }
 }
 
+void Planner::drop_events(std::vector<Seen>& seen) {
+  const Driver& driver = *load_driver(nullptr);
+  for (Seen& s : seen) {
+    for (CUevent event : {s.start, s.end}) {
+      if (event != nullptr) driver.cuEventDestroy(event);
+    }
+    s.start = s.end = nullptr;
+  }
+}
+
 void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots) {
   const Driver& driver = *load_driver(nullptr);
   Seen s;
   s.exec = exec;
   s.uses = slots;
-  s.start = new_event();
-  driver.cuEventRecord(s.start, stream);
+  s.start = record_on(driver, stream, CU_EVENT_DEFAULT);
   seen_.push_back(std::move(s));
   std::vector<CUgraphExec> keys;
   keys.reserve(seen_.size());
@@ -543,8 +313,8 @@ void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*
     start_planning(period);
   } else if (seen_.size() >= kMaxLearningLaunches) {
     log().warn(
-        "no periodic pattern in {} graph launches; vaswap offloads nothing (launches stay "
-        "correct)",
+        "no periodic pattern in {} graph launches; vaswap keeps slots within the budget by least "
+        "recent use, without a schedule (launches stay correct)",
         seen_.size());
     if (trace::enabled()) {
       trace::Record(trace::Event::notice)
@@ -603,6 +373,17 @@ void Planner::start_planning(int period) {
   for (size_t i = 0; i < static_cast<size_t>(period); ++i) keys_.push_back(job->window[i].exec);
   position_ = 1 % period;  // the launch that completed the repeat was position 0
   set_phase(Phase::planning);
+  // The positions' uses go to residency at once: eviction picks the farthest next use.
+  {
+    std::vector<std::vector<Slot*>> uses(static_cast<size_t>(period));
+    for (int i = 0; i < period; ++i) {
+      for (int region : job->period.uses[static_cast<size_t>(i)]) {
+        uses[static_cast<size_t>(i)].push_back(job->regions[static_cast<size_t>(region)]);
+      }
+    }
+    residency::set_schedule(uses);
+    residency::at_position(position_);
+  }
   if (job->regions.empty()) {
     // No slot is used in the period: nothing to plan, and no copy test to run.
     drop_events(job->window);
@@ -637,8 +418,9 @@ plan::Model Planner::model_for(int device) {
                     static_cast<double>(policy_.remap_latency_ns) / 1e3, "given"};
   if (policy_.model == Model::given) return given;
   if (measured_) return *measured_;
-  // The copy test: one 64 MiB slot, D2H then H2D twice on a stream of its own (the second pair
-  // counts), then one unmap and map of its pages.
+  // The copy test: one slot of up to 64 MiB (a quarter of what the device has free, when that is
+  // less), D2H then H2D twice on a stream of its own (the second pair counts), then one unmap and
+  // map of its pages.
   const Driver& driver = *load_driver(nullptr);
   Engine& e = engine();
   plan::Model m{0, 0, 0, "measured"};
@@ -646,19 +428,26 @@ plan::Model Planner::model_for(int device) {
   void* host = nullptr;
   CUstream stream = nullptr;
   CUevent events[3] = {};
+  size_t bytes = kModelBytes;
   try {
     ContextScope scope(driver, e.context(device));
-    slot = e.create_slot(device, kModelBytes);
-    host = e.host_alloc(kModelBytes);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
+      bytes = std::max(kModelMinBytes,
+                       std::min(bytes, free_bytes / 4 / kModelMinBytes * kModelMinBytes));
+    }
+    // Quietly: under memory pressure the test may not fit, and the plan then uses other figures.
+    slot = e.create_slot(device, bytes, /*intercepted=*/false, /*backed=*/true, /*report=*/false);
+    host = e.host_alloc(bytes);
     if (driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
       fail(VASWAP_ERROR_CUDA, "cuStreamCreate failed");
     }
     for (CUevent& event : events) driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
     for (int round = 0; round < 2; ++round) {
       driver.cuEventRecord(events[0], stream);
-      driver.cuMemcpyDtoHAsync(host, slot->va, kModelBytes, stream);
+      driver.cuMemcpyDtoHAsync(host, slot->va, bytes, stream);
       driver.cuEventRecord(events[1], stream);
-      driver.cuMemcpyHtoDAsync(slot->va, host, kModelBytes, stream);
+      driver.cuMemcpyHtoDAsync(slot->va, host, bytes, stream);
       driver.cuEventRecord(events[2], stream);
       if (driver.cuEventSynchronize(events[2]) != CUDA_SUCCESS) {
         fail(VASWAP_ERROR_CUDA, "the copy test did not complete");
@@ -670,15 +459,17 @@ plan::Model Planner::model_for(int device) {
     e.unmap_and_release(slot);
     e.create_and_remap(slot);
     m.remap_us = trace::us_since(start);
-    m.d2h_gbps = d2h_us > 0 ? static_cast<double>(kModelBytes) / (d2h_us * 1e3) : 0;
-    m.h2d_gbps = h2d_us > 0 ? static_cast<double>(kModelBytes) / (h2d_us * 1e3) : 0;
+    m.d2h_gbps = d2h_us > 0 ? static_cast<double>(bytes) / (d2h_us * 1e3) : 0;
+    m.h2d_gbps = h2d_us > 0 ? static_cast<double>(bytes) / (h2d_us * 1e3) : 0;
   } catch (const Error& error) {
-    log().warn("the copy test failed ({}); planning with the policy's numbers", error.what());
+    log().info("the copy test could not run ({}); planning with the policy's numbers",
+               error.what());
     m.source = "measured (failed)";
   }
   for (CUevent event : events) {
     if (event != nullptr) driver.cuEventDestroy(event);
   }
+  if (stream != nullptr) driver.cuStreamDestroy(stream);
   if (host != nullptr) e.host_free(host);
   if (slot != nullptr) {
     try {
@@ -688,9 +479,12 @@ plan::Model Planner::model_for(int device) {
     }
   }
   if (m.h2d_gbps <= 0 || m.d2h_gbps <= 0) {
-    // Nothing measured: the policy's numbers, or nothing offloads.
+    // Nothing measured: the policy's numbers, or a slow link's.
     m = given;
     m.source = "given (copy test failed)";
+    if (m.h2d_gbps <= 0 || m.d2h_gbps <= 0) {
+      m = plan::Model{kFallbackGbps, kFallbackGbps, 1000, "fallback (copy test failed)"};
+    }
   }
   measured_ = m;
   return m;
@@ -726,40 +520,12 @@ void Planner::plan(Job& job) {
         .add("device", job.device)
         .emit();
   }
-  const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, policy.max_overhead_percent,
-                          policy.byte_budget};
+  const uint64_t budget = residency::budget(job.device);
+  const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, budget};
   const plan::Plan chosen = plan::choose(job.period, model, knobs);
 
-  // Pinned copies for every region the plan offloads, before the plan is in force.
-  std::map<Slot*, void*> hosts;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const plan::Window& w : chosen.windows) {
-      Slot* slot = job.regions[static_cast<size_t>(w.region)];
-      auto it = held_.find(slot);
-      if (it != held_.end() && it->second.host != nullptr) hosts[slot] = it->second.host;
-    }
-  }
-  try {
-    for (const plan::Window& w : chosen.windows) {
-      Slot* slot = job.regions[static_cast<size_t>(w.region)];
-      // The job's copy of the size: the slot may be freed meanwhile (the plan is then dropped).
-      const uint64_t bytes = job.period.region_bytes[static_cast<size_t>(w.region)];
-      if (hosts.count(slot) == 0) hosts[slot] = engine().host_alloc(bytes);
-    }
-  } catch (const Error& error) {
-    log().warn("pinned host memory for the plan: {}; offloading nothing", error.what());
-    hosts.clear();
-  }
-
   std::lock_guard<std::mutex> lock(mutex_);
-  if (job.generation != generation_ || phase_ != Phase::planning) {  // learning again
-    for (auto& [slot, host] : hosts) {
-      auto it = held_.find(slot);
-      if (it == held_.end() || it->second.host != host) engine().host_free(host);
-    }
-    return;
-  }
+  if (job.generation != generation_ || phase_ != Phase::planning) return;  // learning again
   Active active;
   active.id = ++counters_.plans;
   active.keys = keys_;
@@ -773,8 +539,6 @@ void Planner::plan(Job& job) {
   }
   for (const plan::Window& w : chosen.windows) {
     Slot* slot = job.regions[static_cast<size_t>(w.region)];
-    if (hosts.count(slot) == 0) continue;
-    held(slot).host = hosts[slot];
     active.releases[static_cast<size_t>(w.release_at)].push_back(slot);
     active.restores[static_cast<size_t>(w.restore_at)].push_back(slot);
   }
@@ -789,6 +553,10 @@ void Planner::plan(Job& job) {
       .add("period_us", job.period.length_us)
       .add("regions", static_cast<uint64_t>(job.regions.size()))
       .add("region_bytes", bytes)
+      .add("budget", budget)
+      .add("total_pages", chosen.total_pages)
+      .add("resident_peak", chosen.resident_peak)
+      .add("short_pages", chosen.short_pages)
       .add("candidates", chosen.candidates)
       .add("windows", static_cast<uint64_t>(chosen.windows.size()))
       .add("peak_bytes", chosen.peak_bytes)
@@ -839,9 +607,11 @@ void Planner::start_sampler(const Driver& driver) {
   });
 }
 
-// Steady state and planning: where the launch sits in the period.
-void Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
-                      const std::vector<Slot*>& slots) {
+// Planning and steady state: where the launch sits in the period, and the schedule's actions
+// there: releases first (their last use is behind), the launch's own slots, then the restores
+// that must start now to land before their use.
+Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
+                        const std::vector<Slot*>& slots, const std::string& what) {
   const int period = static_cast<int>(keys_.size());
   if (keys_[static_cast<size_t>(position_)] != exec) {
     // Out of order: a known graph resynchronizes (an evaluation step, a skipped graph); an
@@ -862,87 +632,99 @@ void Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
     }
     if (found < 0) {
       learn("a graph the plan does not know was launched");
-      make_resident(slots, stream, symbol, "learning");
-      observe(exec, stream, slots);
-      return;
+      Ticket ticket = acquire(slots, stream, what, "learning");
+      if (ticket.result == CUDA_SUCCESS) observe(exec, stream, slots);
+      return ticket;
     }
     position_ = found;
   }
   const auto p = static_cast<size_t>(position_);
+  residency::at_position(position_);
+  Ticket ticket;
   if (phase_ == Phase::steady) {
+    if (!active_.releases[p].empty()) {
+      residency::evict(active_.releases[p], "plan");
+      counters_.planned_offloads += active_.releases[p].size();
+      trace_action(trace::Event::plan_offload, active_.releases[p], stream);
+    }
     std::vector<Slot*> needs = active_.needs[p];
     for (Slot* slot : slots) {
       if (std::find(needs.begin(), needs.end(), slot) == needs.end()) needs.push_back(slot);
     }
-    make_resident(needs, stream, symbol, "graph");
-    used(slots, stream);
-    offload(active_.releases[p], stream, position_);
-    restore(active_.restores[p], stream, position_);
+    ticket = acquire(needs, stream, what, "graph");
+    if (ticket.result == CUDA_SUCCESS && !active_.restores[p].empty()) {
+      residency::prefetch(active_.restores[p]);
+      counters_.planned_restores += active_.restores[p].size();
+      trace_action(trace::Event::plan_restore, active_.restores[p], stream);
+    }
   } else {
-    make_resident(slots, stream, symbol, "graph");
-    used(slots, stream);
+    ticket = acquire(slots, stream, what, "graph");
   }
   position_ = (position_ + 1) % period;
+  return ticket;
 }
 
-// rules mode: restore what a rule brings back before this graph (on demand: rules name no order
-// to prefetch by), and offload after it what a rule sends away.
-void Planner::rules_before(const char* symbol, CUstream stream, uint64_t capture) {
-  for (const ParsedRule& rule : rules_) {
-    if (rule.before == capture)
-      make_resident(slots_of_capture_(rule.capture), stream, symbol, "rule");
-  }
-}
-
-void Planner::rules_after(CUstream stream, uint64_t capture) {
-  for (const ParsedRule& rule : rules_) {
-    if (rule.after != capture) continue;
-    std::vector<Slot*> slots = slots_of_capture_(rule.capture);
-    try {
-      for (Slot* slot : slots) {
-        Held& h = held(slot);
-        if (h.host == nullptr) h.host = engine().host_alloc(slot->bytes);
-      }
-    } catch (const Error& error) {
-      log().warn("rules: pinned host memory for capture:{}: {}", rule.capture, error.what());
-      continue;
-    }
-    offload(slots, stream, -1);
-  }
-}
-
-void Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
-                           const std::vector<Slot*>& slots, uint64_t capture) {
+Ticket Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
+                             const std::vector<Slot*>& slots, uint64_t capture) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Driver& driver = *load_driver(nullptr);
   if (!sampler_tried_) start_sampler(driver);
+  const std::string what = describe_graph(symbol, exec);
+  Ticket ticket;
   try {
     switch (phase_) {
-      case Phase::off:
-        if (policy_.mode == Mode::rules) rules_before(symbol, stream, capture);
-        make_resident(slots, stream, symbol, "graph");
-        used(slots, stream);
+      case Phase::off: {
+        std::vector<Slot*> needs = slots;
+        if (policy_.mode == Mode::rules) {
+          // rules mode: a rule's slots come back before the launch it names (on demand: rules
+          // name no order to prefetch by).
+          for (const ParsedRule& rule : rules_) {
+            if (rule.before != capture) continue;
+            for (Slot* slot : slots_of_capture_(rule.capture)) {
+              if (std::find(needs.begin(), needs.end(), slot) == needs.end()) {
+                needs.push_back(slot);
+              }
+            }
+          }
+        }
+        ticket = acquire(needs, stream, what, policy_.mode == Mode::rules ? "rule" : "graph");
         break;
+      }
       case Phase::learning:
-        make_resident(slots, stream, symbol, "learning");
-        used(slots, stream);
-        observe(exec, stream, slots);
+        ticket = acquire(slots, stream, what, "learning");
+        if (ticket.result == CUDA_SUCCESS) observe(exec, stream, slots);
         break;
       case Phase::planning:
-      case Phase::steady: advance(symbol, exec, stream, slots); break;
+      case Phase::steady: ticket = advance(symbol, exec, stream, slots, what); break;
     }
   } catch (const Error& error) {
     log().error("{}: {}", symbol, error.what());
   }
+  if (ticket.result != CUDA_SUCCESS) log().error("{}", ticket.message);
+  return ticket;
 }
 
-void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture) {
+void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
+                          const Ticket& ticket) {
+  residency::used(ticket.acquired);
   std::lock_guard<std::mutex> lock(mutex_);
   if (policy_.mode == Mode::rules) {
-    try {
-      rules_after(stream, capture);
-    } catch (const Error& error) {
-      log().error("rules: {}", error.what());
+    // A rule's slots leave after the launch it names.
+    for (const ParsedRule& rule : rules_) {
+      if (rule.after != capture) continue;
+      const std::vector<Slot*> slots = slots_of_capture_(rule.capture);
+      residency::evict(slots, "rule");
+      if (trace::enabled()) {
+        uint64_t bytes = 0;
+        for (const Slot* slot : slots) bytes += slot->bytes;
+        trace::Record(trace::Event::plan_offload)
+            .add("plan", uint64_t{0})
+            .add("position", -1)
+            .add("slots", static_cast<uint64_t>(slots.size()))
+            .add("bytes", bytes)
+            .hex("stream", stream_id(stream))
+            .emit();
+      }
     }
     return;
   }
@@ -951,38 +733,38 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture) {
     return;
   }
   try {
-    seen_.back().end = new_event();
-    load_driver(nullptr)->cuEventRecord(seen_.back().end, stream);
+    seen_.back().end = record_on(*load_driver(nullptr), stream, CU_EVENT_DEFAULT);
   } catch (const Error& error) {
     log().warn("a learning timing event: {}", error.what());
   }
 }
 
-void Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
+Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
   std::lock_guard<std::mutex> lock(mutex_);
-  try {
-    const size_t restored = make_resident(slots, stream, symbol, "eager");
-    used(slots, stream);
-    if (phase_ == Phase::learning && !seen_.empty()) {
-      auto& uses = seen_.back().uses;
-      for (Slot* slot : slots) {
-        if (std::find(uses.begin(), uses.end(), slot) == uses.end()) uses.push_back(slot);
-      }
-    }
-    if (restored > 0 && phase_ == Phase::steady) {
-      counters_.guard_hits += restored;
-      if (trace::enabled()) {
-        trace::Record(trace::Event::guard_hit)
-            .add("call", symbol)
-            .add("slots", static_cast<uint64_t>(restored))
-            .add("position", position_)
-            .hex("stream", stream_id(stream))
-            .emit();
-      }
-    }
-  } catch (const Error& error) {
-    log().error("{}: {}", symbol, error.what());
+  Ticket ticket = acquire(slots, stream, symbol, "eager");
+  if (ticket.result != CUDA_SUCCESS) {
+    log().error("{}", ticket.message);
+    return ticket;
   }
+  if (phase_ == Phase::learning && !seen_.empty()) {
+    auto& uses = seen_.back().uses;
+    for (Slot* slot : slots) {
+      if (std::find(uses.begin(), uses.end(), slot) == uses.end()) uses.push_back(slot);
+    }
+  }
+  const size_t restored = ticket.acquired.demanded;
+  if (restored > 0 && phase_ == Phase::steady) {
+    counters_.guard_hits += restored;
+    if (trace::enabled()) {
+      trace::Record(trace::Event::guard_hit)
+          .add("call", symbol)
+          .add("slots", static_cast<uint64_t>(restored))
+          .add("position", position_)
+          .hex("stream", stream_id(stream))
+          .emit();
+    }
+  }
+  return ticket;
 }
 
 void Planner::capture_begun() {
@@ -1003,21 +785,15 @@ void Planner::exec_changed(CUgraphExec exec) {
 
 void Planner::forget(Slot* slot) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = held_.find(slot);
-  if (it == held_.end()) return;
-  Held h = it->second;
-  held_.erase(it);
-  // A copy may still be in flight into or out of the pinned buffer: only a resident slot's goes
-  // back to the pool (programs free graph-pool memory rarely, and never mid-step).
-  if (h.host != nullptr && h.where == Where::resident) engine().host_free(h.host);
-  if (h.where == Where::restoring) {
-    bool shared = false;
-    for (const auto& [other, oh] : held_) shared = shared || oh.restore == h.restore;
-    if (!shared) reap(h.restore);
-  }
   bool planned = false;
-  for (const auto& list : active_.releases) {
-    planned = planned || std::find(list.begin(), list.end(), slot) != list.end();
+  for (auto* lists : {&active_.needs, &active_.releases, &active_.restores}) {
+    for (auto& list : *lists) {
+      const auto it = std::find(list.begin(), list.end(), slot);
+      if (it != list.end()) {
+        planned = true;
+        list.erase(it);
+      }
+    }
   }
   for (Seen& s : seen_) s.uses.erase(std::remove(s.uses.begin(), s.uses.end(), slot), s.uses.end());
   if (planned || phase_ == Phase::planning) learn("a slot in the plan was freed");
@@ -1027,19 +803,29 @@ void Planner::forget(Slot* slot) {
 
 void configure(const Policy& policy,
                std::function<std::vector<Slot*>(uint64_t capture)> slots_of_capture) {
+  residency::Settings settings;
+  settings.budget_bytes = policy.residency_budget;
+  settings.reserve_bytes = policy.residency_reserve;
+  settings.handshake = policy.handshake == Handshake::device ? residency::Handshake::device
+                       : policy.handshake == Handshake::host ? residency::Handshake::host
+                                                             : residency::Handshake::automatic;
+  settings.wait_limit_ns = policy.wait_limit_ns;
+  settings.host_limit_bytes = policy.host_pool_limit;
+  residency::configure(settings);
   planner().configure(policy, std::move(slots_of_capture));
 }
 bool wants_eager() { return planner().wants_eager(); }
-void before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
-                  const std::vector<Slot*>& slots, uint64_t capture) {
-  planner().before_graph(symbol, exec, stream, slots, capture);
+Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
+                    const std::vector<Slot*>& slots, uint64_t capture) {
+  return planner().before_graph(symbol, exec, stream, slots, capture);
 }
-void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture) {
-  planner().after_graph(exec, stream, capture);
+void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket) {
+  planner().after_graph(exec, stream, capture, ticket);
 }
-void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
-  planner().before_eager(symbol, stream, slots);
+Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
+  return planner().before_eager(symbol, stream, slots);
 }
+void after_eager(const Ticket& ticket) { residency::used(ticket.acquired); }
 void capture_begun() { planner().capture_begun(); }
 void exec_changed(CUgraphExec exec) { planner().exec_changed(exec); }
 void forget(Slot* slot) { planner().forget(slot); }

@@ -1,26 +1,30 @@
-// The planner and scheduler (DESIGN.md section 5): it learns the periodic order of graph launches
-// and which slots each launch and the eager work after it use, has plan.h choose the windows to
-// offload in, and then carries the plan out launch by launch with the engine's workers.
+// The planner (DESIGN.md section 5): it learns the periodic order of graph launches and which
+// slots each launch and the eager work after it use, has plan.h choose what must leave the
+// device for the slots to fit the residency budget, and carries the schedule out launch by launch
+// through residency.h, which holds the pages, evicts and restores.
 //
 // Phases: learning (schedule.learning_steps identical periods observed, with device timing
-// events around each graph launch), planning (the plan is computed on a worker thread while
-// launches go on), steady (the plan in force). A new capture, a launch of a graph the plan does
-// not know, or a freed slot sends it back to learning.
+// events around each graph launch), planning (the schedule is computed on a worker thread while
+// launches go on), steady (the schedule in force), off (no period found: residency alone, least
+// recently used first). A new capture, a launch of a graph the schedule does not know, a changed
+// graph or a freed slot sends it back to learning.
 //
 // Whatever the phase, invariant 2 holds: before a graph launch, and before an eager kernel, copy
-// or memset that the planner sees (while learning, and in steady state with the guard on), every
-// slot it uses is mapped and the launching stream waits for its H2D. A slot the plan did not
-// expect to be needed is restored on demand (a stall, in the trace). Calls come from the preload's
-// hooks (intercept.h), on the application's threads, outside any capture.
+// or memset the hooks see, every slot it uses is resident and the launching stream waits (on the
+// device) for its data. A launch that cannot fit the budget gets the API's out-of-memory error.
+// Calls come from the preload's hooks (intercept.h), on the application's threads, outside any
+// capture.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "policy.h"
+#include "residency.h"
 
 namespace vaswap {
 
@@ -28,24 +32,33 @@ struct Slot;
 
 namespace planner {
 
-// Takes the policy's mode, schedule, guard, rules and trace.memory_interval. Called once, at
-// start. `slots_of_capture` answers rules mode: the slots allocated during the N-th capture.
+// Takes the policy's mode, schedule, guard, rules, residency and trace.memory_interval. Called
+// once, at start. `slots_of_capture` answers rules mode: the slots allocated during the N-th
+// capture.
 void configure(const Policy& policy,
                std::function<std::vector<Slot*>(uint64_t capture)> slots_of_capture);
 
-// True while eager launches and copies must be scanned for the slots they use: while learning,
-// and in steady state with the guard on. One relaxed load.
+// True while eager launches and copies must be scanned for the slots they use: always, except in
+// steady state with the guard off. One relaxed load.
 bool wants_eager();
+
+// What a launch holds between before_* and after_*: its slots, pinned resident.
+struct Ticket {
+  CUresult result = CUDA_SUCCESS;  // not success: do not launch; `message` says why
+  std::string message;
+  residency::Acquired acquired;
+};
 
 // Before and after the real graph launch. `slots`: the slots the graph's nodes reference.
 // `capture` is the position of the capture that made the graph among the process's captures
 // (1 for the first; 0 when unknown), which is how rules name graphs.
-void before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
-                  const std::vector<Slot*>& slots, uint64_t capture);
-void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture);
+Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
+                    const std::vector<Slot*>& slots, uint64_t capture);
+void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
 
-// Before an eager kernel, copy or memset on `stream` that uses `slots` (never empty).
-void before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+// Before and after an eager kernel, copy or memset on `stream` that uses `slots` (never empty).
+Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+void after_eager(const Ticket& ticket);
 
 // A capture began: the launch pattern may change, so learning starts over.
 void capture_begun();
@@ -61,7 +74,7 @@ void forget(Slot* slot);
 struct Counters {
   uint64_t plans = 0, planned_offloads = 0, planned_restores = 0, on_demand_restores = 0,
            guard_hits = 0, deviations = 0, stalls = 0;
-  uint64_t regions_offloaded = 0;  // distinct slots offloaded at least once
+  uint64_t regions_offloaded = 0;  // distinct slots evicted at least once
   double stall_us = 0;             // host time spent waiting for restores to be submitted
 };
 Counters counters();

@@ -27,7 +27,7 @@ void Worker::post(std::function<void()> job) {
   wake_.notify_one();
 }
 
-void Worker::run(const Driver& driver, CUcontext context, const std::string& name) {
+void become_worker(const Driver& driver, CUcontext context, const std::string& name) {
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   CUresult rc = driver.cuCtxSetCurrent(context);
   if (rc != CUDA_SUCCESS) {
@@ -39,6 +39,10 @@ void Worker::run(const Driver& driver, CUcontext context, const std::string& nam
     log().error("worker {}: cuThreadExchangeStreamCaptureMode failed with {}", name,
                 cuda_error_name(rc));
   }
+}
+
+void Worker::run(const Driver& driver, CUcontext context, const std::string& name) {
+  become_worker(driver, context, name);
   for (;;) {
     std::function<void()> job;
     {

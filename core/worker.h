@@ -17,6 +17,10 @@ namespace vaswap {
 
 struct Driver;
 
+// Makes the calling thread one of vaswap's: named (for debuggers and the trace's tid), with
+// `context` current, and its capture mode relaxed (invariant 5).
+void become_worker(const Driver& driver, CUcontext context, const std::string& name);
+
 class Worker {
  public:
   // Starts the thread; it makes `context` current before its first job.

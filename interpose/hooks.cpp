@@ -209,7 +209,12 @@ struct Allocate<R (*)(P*, size_t)> {
       *ptr = from_va<P>(va);
       return R{};
     }
-    const R rc = real(ptr, bytes);
+    R rc = real(ptr, bytes);
+    // The program's own allocation ran out of memory: slots not in use give their pages back
+    // first, and the allocation is tried again before the error reaches the program.
+    if (rc == to_status<R>(CUDA_ERROR_OUT_OF_MEMORY) && intercept::out_of_memory(call, bytes)) {
+      rc = real(ptr, bytes);
+    }
     if (rc == R{} && ptr != nullptr) {
       intercept::allocated(call, to_va(*ptr), bytes, nullptr, skipped);
     }
@@ -360,9 +365,10 @@ struct Launch<R (*)(CUgraphExec, CUstream)> {
   R operator()(CUgraphExec exec, CUstream stream) const {
     if (!handle()) return real(exec, stream);
     Scope scope;
-    intercept::launched(call, exec, stream);
+    const intercept::Ticket ticket = intercept::launched(call, exec, stream);
+    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
     const R rc = real(exec, stream);
-    if (rc == R{}) intercept::launch_returned(call, exec, stream);
+    intercept::launch_returned(call, exec, stream, ticket, rc == R{});
     return rc;
   }
 };
@@ -447,8 +453,12 @@ struct LaunchKernel<R (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)
     if (!handle() || !intercept::eager_wanted())
       return real(func, grid, block, args, shared, stream);
     Scope scope;
-    intercept::eager_kernel(call, stream, {func, &runtime_param_info}, args, nullptr);
-    return real(func, grid, block, args, shared, stream);
+    const auto ticket =
+        intercept::eager_kernel(call, stream, {func, &runtime_param_info}, args, nullptr);
+    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+    const R rc = real(func, grid, block, args, shared, stream);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 // cudaLaunchKernelExC[_ptsz]
@@ -461,8 +471,12 @@ struct LaunchKernel<R (*)(const cudaLaunchConfig_t*, const void*, void**)> {
       return real(config, func, args);
     }
     Scope scope;
-    intercept::eager_kernel(call, config->stream, {func, &runtime_param_info}, args, nullptr);
-    return real(config, func, args);
+    const auto ticket =
+        intercept::eager_kernel(call, config->stream, {func, &runtime_param_info}, args, nullptr);
+    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+    const R rc = real(config, func, args);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 // cuLaunchKernel[_ptsz]
@@ -479,8 +493,12 @@ struct LaunchKernel<R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, un
       return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     }
     Scope scope;
-    intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
-    return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    const auto ticket =
+        intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
+    if (ticket.result != CUDA_SUCCESS) return ticket.result;
+    const R rc = real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 // cuLaunchKernelEx[_ptsz]
@@ -493,9 +511,12 @@ struct LaunchKernel<R (*)(const CUlaunchConfig*, CUfunction, void**, void**)> {
       return real(config, f, params, extra);
     }
     Scope scope;
-    intercept::eager_kernel(call, config->hStream, {f, &intercept::driver_param_info}, params,
-                            extra);
-    return real(config, f, params, extra);
+    const auto ticket = intercept::eager_kernel(call, config->hStream,
+                                                {f, &intercept::driver_param_info}, params, extra);
+    if (ticket.result != CUDA_SUCCESS) return ticket.result;
+    const R rc = real(config, f, params, extra);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 
@@ -529,8 +550,11 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
     if (!handle() || !intercept::eager_wanted()) return real(dst, src, bytes, rest...);
     Scope scope;  // held through the real call: cudart's own copy is not handled again
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
-    intercept::eager_access(call, last_stream(rest...), addresses, 2);
-    return real(dst, src, bytes, rest...);
+    const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 2);
+    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+    const R rc = real(dst, src, bytes, rest...);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 
@@ -545,8 +569,11 @@ struct Set<R (*)(D, V, size_t, Rest...)> {
     if (!handle() || !intercept::eager_wanted()) return real(dst, value, count, rest...);
     Scope scope;
     const uintptr_t addresses[] = {address_of(dst)};
-    intercept::eager_access(call, last_stream(rest...), addresses, 1);
-    return real(dst, value, count, rest...);
+    const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 1);
+    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+    const R rc = real(dst, value, count, rest...);
+    intercept::eager_done(ticket);
+    return rc;
   }
 };
 

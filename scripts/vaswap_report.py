@@ -180,13 +180,16 @@ def memory_series(run):
     if not samples:
         return [], [], []
     start = run.events[0]["t_ns"]
-    # Released pages over time: a release gives a slot's pages back; a remap maps them again.
-    changes = []
+    # Released pages over time: a release gives a slot's pages back; a remap maps them again. A
+    # slot's first pages (it reserves its address alone until its first use) are no return.
+    changes, away_slots = [], set()
     for e in run.events:
         if e["ev"] == "release":
             changes.append((e["t_ns"], e["bytes"]))
-        elif e["ev"] == "remap":
+            away_slots.add(e["slot"])
+        elif e["ev"] == "remap" and e["slot"] in away_slots:
             changes.append((e["t_ns"], -e["bytes"]))
+            away_slots.discard(e["slot"])
     times = [t for t, _ in changes]
     released, level = [], 0
     for _, delta in changes:
@@ -237,7 +240,7 @@ def summary(run):
         "model_h2d_gbps": model[-1]["h2d_gbps"] if model else None,
         "host_waits": sum(1 for e in waits if e["host_wait"]),
         "wait_ms": sum(e["dur_us"] for e in waits if e["host_wait"]) / 1e3,
-        "on_demand": sum(e.get("slots", 0) for e in waits if e["on_demand"]),
+        "on_demand": sum(e.get("restored", e.get("slots", 0)) for e in waits if e["on_demand"]),
         "guard_hits": ev["guard_hit"],
         "deviations": ev["deviation"],
         "errors": ev["error"],

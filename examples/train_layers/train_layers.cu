@@ -106,6 +106,7 @@ struct Options {
   int eval_every = 0;  // 0: never
   int peek_step = -1;  // -1: never
   bool api_graph = false;
+  int extra_mib = 0;  // 0: none
   const char* out = nullptr;
 };
 
@@ -113,8 +114,8 @@ void usage(FILE* to) {
   std::fprintf(
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
-      "                    [--eval-every N] [--peek-step N] [--api-graph] [--out FILE]\n"
-      "                    [--quiet]\n"
+      "                    [--eval-every N] [--peek-step N] [--api-graph] [--extra-mib N]\n"
+      "                    [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -131,6 +132,8 @@ void usage(FILE* to) {
       "                  saved activation; from step 10 its node reads the second layer's\n"
       "                  (cudaGraphExecKernelNodeSetParams), from step 20 the third's\n"
       "                  (cudaGraphExecUpdate)\n"
+      "  --extra-mib N   after step 5, allocate N MiB more (cudaMalloc, as an optimizer's\n"
+      "                  state grows) and keep it to the end\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -156,6 +159,7 @@ Options parse(int argc, char** argv) {
                                  {"peek-step", required_argument, nullptr, 'p'},
                                  {"out", required_argument, nullptr, 'o'},
                                  {"api-graph", no_argument, nullptr, 'a'},
+                                 {"extra-mib", required_argument, nullptr, 'x'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -193,6 +197,10 @@ Options parse(int argc, char** argv) {
         break;
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
+      case 'x':
+        ok = parse_number(optarg, 1, 1 << 20, &v);
+        o.extra_mib = static_cast<int>(v);
+        break;
       case 'q': o.quiet = true; break;
       case 'h': usage(stdout); std::exit(0);
       default: usage(stderr); std::exit(2);
@@ -350,6 +358,7 @@ int main(int argc, char** argv) {
   }
 
   uint64_t checksum = 1469598103934665603ull;
+  void* extra = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<double> step_ms;
   for (int step = 0; step < o.steps; ++step) {
@@ -395,6 +404,11 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
             .count());
     if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
+    if (step == 5 && o.extra_mib > 0) {
+      const size_t extra_bytes = size_t(o.extra_mib) << 20;
+      CHECK(cudaMalloc(&extra, extra_bytes));
+      CHECK(cudaMemsetAsync(extra, 0x5a, extra_bytes, s));
+    }
     if (o.eval_every > 0 && step % o.eval_every == o.eval_every - 1) {
       // Evaluation: the forward graphs alone, out of the training pattern.
       uint32_t eval_seed = o.seed * 15485863u + static_cast<uint32_t>(step);
@@ -455,6 +469,7 @@ int main(int argc, char** argv) {
     CHECK(cudaGraphExecDestroy(L.backward));
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
   }
+  if (extra != nullptr) CHECK(cudaFree(extra));
   if (o.api_graph) {
     CHECK(cudaGraphExecDestroy(peek_exec));
     CHECK(cudaGraphDestroy(peek_graph));

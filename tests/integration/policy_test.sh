@@ -33,7 +33,7 @@ echo "ok   check-policy reports every error with file, line, column and key, and
 printf 'selection:\n  min_bytes: 4MiB\ntrace:\n  path: %s/policy_trace_%%p.jsonl\n' "$tmp" >"$tmp/p.yaml"
 run --policy "$tmp/p.yaml" -- "$probe" >"$tmp/out" 2>"$tmp/err" || fail "--policy: the probe failed"
 [[ "$(cat "$tmp/out")" == "$plain" ]] || fail "--policy: output differs"
-grep -q "released and remapped" "$tmp/err" || fail "--policy: selection.min_bytes from the file not applied"
+grep -q "mapped after its first launch" "$tmp/err" || fail "--policy: selection.min_bytes from the file not applied"
 ls "$tmp"/policy_trace_[0-9]*.jsonl >/dev/null 2>&1 || fail "--policy: trace.path with %p not written"
 VASWAP_CONF="selection.min_bytes=64MiB" run --policy "$tmp/p.yaml" -- "$probe" >"$tmp/out" 2>"$tmp/err"
 grep -q "no slot behind B" "$tmp/err" || fail "VASWAP_CONF did not override the file"
@@ -45,7 +45,7 @@ callsite() {  # callsite CONF EXPECT(slot|SKIPPED-REASON)
     fail "callsite $1: the probe failed"
   [[ "$(cat "$tmp/out")" == "$plain" ]] || fail "callsite $1: output differs"
   if [[ $2 == slot ]]; then
-    grep -q "released and remapped" "$tmp/err" || fail "callsite $1: not selected"
+    grep -q "mapped after its first launch" "$tmp/err" || fail "callsite $1: not selected"
     grep -q '"selected":true,"slot":[0-9]*,"callsite_us":' "$tmp/cs.jsonl" || fail "callsite $1: no callsite_us"
   else
     grep -q "no slot behind B" "$tmp/err" || fail "callsite $1: selected"

@@ -28,8 +28,10 @@ pytestmark = pytest.mark.skipif(not (DEMO.is_file() and LIBRARY.is_file()),
                                 reason=f"needs the plain build in {BUILD}")
 
 RULES = (ROOT / "tests" / "integration" / "rules_policy.yaml").read_text()
+# 32 slots of one 2 MiB page each, 24 MiB of budget: a quarter must be away at any time.
 PLANNED = ("selection.min_bytes=1MiB,trace.memory_interval=100us,schedule.model=given,"
-           "schedule.h2d_gbps=50,schedule.d2h_gbps=50,schedule.remap_latency=50us")
+           "schedule.h2d_gbps=50,schedule.d2h_gbps=50,schedule.remap_latency=50us,"
+           "residency.budget=48MiB")
 
 
 def run_demo(tmp, name, policy=None, conf=None):

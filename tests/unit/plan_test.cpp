@@ -45,81 +45,93 @@ TEST(FindPeriod, AnEvaluationStepBreaksTheRepeat) {
   EXPECT_EQ(find_period(keys, 2), 0);
 }
 
+Knobs budget(uint64_t pages) {
+  Knobs k;
+  k.budget_pages = pages;
+  return k;
+}
+
 // Forward 0..3, backward 4..7: region r is used at r and at 7 - r, 10 ms per position, 64 MiB
-// each, a 50 GB/s link: the long windows (regions 0 and 1) are taken.
-TEST(Choose, TakesTheWindowsTheLinkCanHide) {
-  const Period p = evenly(8, 10000, {{0}, {1}, {2}, {3}, {3}, {2}, {1}, {0}},
-                          {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
-  const Plan plan = choose(p, link(50, 100), Knobs{});
+// each, a 50 GB/s link.
+Period forward_backward(double each_us) {
+  return evenly(8, each_us, {{0}, {1}, {2}, {3}, {3}, {2}, {1}, {0}},
+                {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
+}
+
+TEST(Choose, TakesNothingWhenTheSlotsFitTheBudget) {
+  const Plan unlimited = choose(forward_backward(10000), link(50, 100), Knobs{});
+  EXPECT_TRUE(unlimited.windows.empty());
+  const Plan fits = choose(forward_backward(10000), link(50, 100), budget(256 * kMiB));
+  EXPECT_TRUE(fits.windows.empty());
+  EXPECT_EQ(fits.total_pages, 256 * kMiB);
+  EXPECT_EQ(fits.resident_peak, 256 * kMiB);
+  EXPECT_NE(fits.reason.find("fit the budget"), std::string::npos) << fits.reason;
+}
+
+TEST(Choose, TakesTheWindowsTheBudgetNeedsLongestFirst) {
+  // 256 MiB of regions, 128 MiB of budget: two regions must be away at every position. Regions 0
+  // and 1 have the long windows (between forward and backward), and the link hides them.
+  const Plan plan = choose(forward_backward(10000), link(50, 100), budget(128 * kMiB));
   ASSERT_FALSE(plan.windows.empty()) << plan.reason;
+  EXPECT_LE(plan.resident_peak, 128 * kMiB);
+  EXPECT_EQ(plan.short_pages, 0u);
+  EXPECT_DOUBLE_EQ(plan.exposed_us, 0.0);
   bool region0 = false;
   for (const Window& w : plan.windows) {
     if (w.region == 0 && w.last_use == 0) {
       region0 = true;
       EXPECT_EQ(w.next_use, 7);
       EXPECT_EQ(w.release_at, 1);           // one launch after the last use
-      EXPECT_GE(w.restore_at, 1);           // not before the release
       EXPECT_LE(w.restore_at, 6);           // at least one launch ahead of the next use
       EXPECT_DOUBLE_EQ(w.exposed_us, 0.0);  // 1.3 ms of copies in 60 ms
     }
     EXPECT_GT(w.freed_us, 0.0);
   }
   EXPECT_TRUE(region0);
-  EXPECT_DOUBLE_EQ(plan.exposed_us, 0.0);
-  EXPECT_GE(plan.peak_bytes, 64 * kMiB);
+  // A looser budget needs fewer windows.
+  const Plan looser = choose(forward_backward(10000), link(50, 100), budget(192 * kMiB));
+  EXPECT_LT(looser.windows.size(), plan.windows.size());
+  EXPECT_LE(looser.resident_peak, 192 * kMiB);
 }
 
-TEST(Choose, TakesNothingWhenTheWindowsAreTooShort) {
-  const Period p = evenly(8, 100, {{0}, {1}, {2}, {3}, {3}, {2}, {1}, {0}},
-                          {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
-  Knobs knobs;
-  knobs.max_overhead_percent = 0;
-  const Plan plan = choose(p, link(50, 100), knobs);  // 1.3 ms each way against 0.8 ms
-  EXPECT_TRUE(plan.windows.empty());
-  EXPECT_EQ(plan.peak_bytes, 0u);
-  EXPECT_NE(plan.reason.find("no window can hide"), std::string::npos) << plan.reason;
-}
-
-TEST(Choose, AdjacentUsesLeaveNoWindow) {
-  // Used at 0 and 1 of a 2-launch period: a release at 1 + lag cannot precede a restore ahead of 1.
+TEST(Choose, ABudgetTheWindowsCannotMeetIsReported) {
+  // Used at both positions of a 2-launch period: no window exists, the region cannot leave.
   const Period p = evenly(2, 100000, {{0}, {0}}, {64 * kMiB});
-  const Plan plan = choose(p, link(50, 100), Knobs{});
+  const Plan plan = choose(p, link(50, 100), budget(32 * kMiB));
   EXPECT_TRUE(plan.windows.empty());
+  EXPECT_EQ(plan.short_pages, 32 * kMiB);
+  EXPECT_NE(plan.reason.find("on demand"), std::string::npos) << plan.reason;
 }
 
-TEST(Choose, RespectsTheByteBudget) {
-  const Period p = evenly(8, 10000, {{0, 1, 2}, {}, {}, {}, {}, {}, {}, {0, 1, 2}},
-                          {64 * kMiB, 64 * kMiB, 64 * kMiB});
-  Knobs knobs;
-  knobs.byte_budget = 128 * kMiB;
-  const Plan plan = choose(p, link(50, 100), knobs);
-  EXPECT_LE(plan.peak_bytes, 128 * kMiB);
-  EXPECT_FALSE(plan.windows.empty());
-  const Plan unlimited = choose(p, link(50, 100), Knobs{});
-  EXPECT_GT(unlimited.peak_bytes, 128 * kMiB);
-  knobs.byte_budget = 1;  // observe only: nothing fits
-  const Plan none = choose(p, link(50, 100), knobs);
-  EXPECT_TRUE(none.windows.empty());
-  EXPECT_NE(none.reason.find("schedule.byte_budget"), std::string::npos) << none.reason;
-}
-
-TEST(Choose, MaxOverheadAdmitsSomeExposure) {
-  // 64 MiB at 5 GB/s: 13.4 ms each way, used at 0 and 3 of eight 8 ms positions: neither the
-  // 24 ms window nor the 40 ms one hides a D2H, a remap and an H2D.
-  const Period p = evenly(8, 8000, {{0}, {}, {}, {0}, {}, {}, {}, {}}, {64 * kMiB});
-  Knobs strict;
-  strict.max_overhead_percent = 0;
-  EXPECT_TRUE(choose(p, link(5, 100), strict).windows.empty());
-  Knobs loose;
-  loose.max_overhead_percent = 100;
-  const Plan plan = choose(p, link(5, 100), loose);
-  ASSERT_EQ(plan.windows.size(), 2u);  // 0 -> 3 and 3 -> 0 of the next period
+TEST(Choose, WindowsTheLinkCannotHideAreTakenWhenTheBudgetNeedsThem) {
+  // Two 64 MiB regions and room for one: region 0 is used at 0 and 3, region 1 at 5, of eight
+  // 8 ms positions. At 2 GB/s a copy takes 33.5 ms each way: no window hides its copies, but the
+  // budget leaves no choice.
+  const Period p = evenly(8, 8000, {{0}, {}, {}, {0}, {}, {1}, {}, {}}, {64 * kMiB, 64 * kMiB});
+  const Plan plan = choose(p, link(2, 100), budget(64 * kMiB));
+  ASSERT_FALSE(plan.windows.empty());
   EXPECT_GT(plan.exposed_us, 0.0);
+  EXPECT_FALSE(plan.reason.empty());
+  bool region1_away_at_0 = false;
+  for (const Window& w : plan.windows) {
+    if (w.region == 1) region1_away_at_0 = true;
+  }
+  EXPECT_TRUE(region1_away_at_0) << "region 0 needs the room at position 0";
+}
+
+TEST(Choose, WindowsTheLinkHidesComeFirst) {
+  // Region 0 has a 70 ms window, region 1 a 20 ms one the slow link cannot hide; the budget
+  // needs one of them away.
+  const Period p =
+      evenly(10, 10000, {{0, 1}, {}, {1}, {}, {}, {}, {}, {}, {}, {}}, {64 * kMiB, 64 * kMiB});
+  const Plan plan = choose(p, link(10, 100), budget(64 * kMiB));
+  ASSERT_FALSE(plan.windows.empty()) << plan.reason;
+  EXPECT_EQ(plan.windows.front().region, 0);
 }
 
 TEST(Choose, ReleaseLagAndPrefetchDistanceMoveTheActions) {
   const Period p = evenly(10, 10000, {{0}, {}, {}, {}, {}, {}, {}, {}, {}, {0}}, {8 * kMiB});
-  Knobs knobs;
+  Knobs knobs = budget(4 * kMiB);
   knobs.release_lag = 2;
   knobs.prefetch_distance = 3;
   const Plan plan = choose(p, link(50, 100), knobs);
@@ -132,8 +144,9 @@ TEST(Choose, ReleaseLagAndPrefetchDistanceMoveTheActions) {
 
 TEST(Choose, UnusedRegionsAreNeverOffloaded) {
   const Period p = evenly(4, 10000, {{0}, {}, {}, {}}, {8 * kMiB, 8 * kMiB});
-  const Plan plan = choose(p, link(50, 100), Knobs{});
+  const Plan plan = choose(p, link(50, 100), budget(4 * kMiB));
   for (const Window& w : plan.windows) EXPECT_EQ(w.region, 0);
+  EXPECT_EQ(plan.total_pages, 8 * kMiB);
 }
 
 }  // namespace

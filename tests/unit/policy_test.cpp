@@ -104,8 +104,10 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(p.release_lag, 0);
   EXPECT_EQ(p.model, Model::measured);
   EXPECT_EQ(p.remap_latency_ns, 600000u);
-  EXPECT_DOUBLE_EQ(p.max_overhead_percent, 3.0);
-  EXPECT_EQ(p.byte_budget, 0u);
+  EXPECT_EQ(p.residency_budget, 0u);
+  EXPECT_EQ(p.residency_reserve, 0u);
+  EXPECT_EQ(p.handshake, Handshake::automatic);
+  EXPECT_EQ(p.wait_limit_ns, 60000000000u);
   EXPECT_TRUE(p.guard);
   EXPECT_EQ(p.host_pool_limit, 0u);
   EXPECT_EQ(p.host_pool_numa, -1);
@@ -124,7 +126,8 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
       "selection.device=1,selection.include=libtorch*;*forward*,selection.exclude=libnccl*,"
       "schedule.learning_steps=5,schedule.prefetch_distance=2,schedule.release_lag=1,"
       "schedule.model=given,schedule.h2d_gbps=50.5,schedule.d2h_gbps=48,"
-      "schedule.remap_latency=250us,schedule.max_overhead=2.5%,schedule.byte_budget=8GiB,"
+      "schedule.remap_latency=250us,residency.budget=8GiB,residency.reserve=1GiB,"
+      "residency.handshake=host,residency.wait_limit=5s,"
       "guard=false,host_pool.limit=32GiB,host_pool.numa=1,workers.release=2,workers.remap=3,"
       "workers.serial_driver_calls=false,trace.path=/tmp/t_%p_%r_%h.jsonl,trace.level=verbose,"
       "log.level=info,log.destination=stdout");
@@ -142,8 +145,10 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_DOUBLE_EQ(p.h2d_gbps, 50.5);
   EXPECT_DOUBLE_EQ(p.d2h_gbps, 48);
   EXPECT_EQ(p.remap_latency_ns, 250000u);
-  EXPECT_DOUBLE_EQ(p.max_overhead_percent, 2.5);
-  EXPECT_EQ(p.byte_budget, 8ull << 30);
+  EXPECT_EQ(p.residency_budget, 8ull << 30);
+  EXPECT_EQ(p.residency_reserve, 1ull << 30);
+  EXPECT_EQ(p.handshake, Handshake::host);
+  EXPECT_EQ(p.wait_limit_ns, 5000000000u);
   EXPECT_FALSE(p.guard);
   EXPECT_EQ(p.host_pool_limit, 32ull << 30);
   EXPECT_EQ(p.host_pool_numa, 1);
@@ -254,8 +259,13 @@ const Malformed kMalformed[] = {
   {"schedule:\n  d2h_gbps: fast\n", "FILE:2:13: schedule.d2h_gbps must be a number of GB/s greater than 0 and at most 10000, got \"fast\""},
   {"schedule:\n  remap_latency: 600\n", "FILE:2:18: schedule.remap_latency must be a duration such as 600us, 2ms or 1s, got \"600\""},
   {"schedule:\n  remap_latency: 5min\n", "FILE:2:18: schedule.remap_latency must be a duration such as 600us, 2ms or 1s, got \"5min\""},
-  {"schedule:\n  max_overhead: 150%\n", "FILE:2:17: schedule.max_overhead must be a percentage from 0 to 100, such as 3 or 3%, got \"150%\""},
-  {"schedule:\n  byte_budget: 1.5GiB\n", "FILE:2:16: schedule.byte_budget must be a size such as 16MiB, 2GB or 4096, got \"1.5GiB\""},
+  {"schedule:\n  max_overhead: 3%\n", "FILE:2:17: \"schedule.max_overhead\" was removed in vaswap 0.2: what leaves the device is now what residency.budget requires; remove the key"},
+  {"schedule:\n  byte_budget: 1GiB\n", "FILE:2:16: \"schedule.byte_budget\" was removed in vaswap 0.2: set residency.budget to the device memory the slots may hold instead"},
+  {"residency:\n  budget: 0\n", "FILE:2:11: residency.budget must be auto or a size such as 40GiB, got \"0\""},
+  {"residency:\n  budget: most\n", "FILE:2:11: residency.budget must be auto or a size such as 40GiB, got \"most\""},
+  {"residency:\n  reserve: lots\n", "FILE:2:12: residency.reserve must be auto or a size such as 1GiB, got \"lots\""},
+  {"residency:\n  handshake: fast\n", "FILE:2:14: residency.handshake must be auto, device or host, got \"fast\""},
+  {"residency:\n  wait_limit: 1ms\n", "FILE:2:15: residency.wait_limit must be a duration of at least 100ms, such as 60s, got \"1ms\""},
   {"guard: sometimes\n", "FILE:1:8: guard must be true or false, got \"sometimes\""},
   {"host_pool:\n  limit: 10 GB per rank\n", "FILE:2:10: host_pool.limit must be a size such as 16MiB, 2GB or 4096, got \"10 GB per rank\""},
   {"host_pool:\n  numa: near\n", "FILE:2:9: host_pool.numa must be auto, none or a NUMA node >= 0, got \"near\""},

@@ -290,6 +290,17 @@ CUresult CUDAAPI cuMemFreeHost(void* p) {
   return free_range(reinterpret_cast<uintptr_t>(p), Kind::kHost);
 }
 
+// Unified addressing: pinned host memory has the same address on the device.
+CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p, unsigned int flags) {
+  SIM_ENTER();
+  if (dptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = find_range(reinterpret_cast<uintptr_t>(p));
+  if (it == ranges().end() || it->second.kind != Kind::kHost) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemHostGetFlags(unsigned int* flags, void* p) {
   SIM_ENTER();
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -154,6 +154,7 @@ const Entry kEntries[] = {
     E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
     E("cuMemFreeHost", 2000, cuMemFreeHost),
     E("cuMemHostGetFlags", 2030, cuMemHostGetFlags),
+    E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemAddressReserve", 10020, cuMemAddressReserve),

@@ -1,0 +1,1793 @@
+#include "residency.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "driver.h"
+#include "engine.h"
+#include "errors.h"
+#include "log.h"
+#include "trace.h"
+#include "worker.h"
+
+namespace vaswap::residency {
+
+namespace {
+
+constexpr size_t kFlagsPerChunk = 1024;
+constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
+// A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
+// transient failure (another process briefly holding memory) costs milliseconds, not the job.
+constexpr int kRetries = 6;
+
+enum class Where : uint8_t {
+  unbacked,   // no pages, no data: never used
+  resident,   // pages (or a restore of them queued), counted against the budget
+  releasing,  // an eviction is queued or its D2H runs; pages until the unmapper is done
+  offloaded,  // no pages; the data is in the host copy
+};
+
+uint64_t thread_id() {
+  static thread_local const uint64_t tid = static_cast<uint64_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams and their marks
+// ---------------------------------------------------------------------------------------------
+
+// A stream as the application names it. CU_STREAM_PER_THREAD is a different stream on every
+// thread, and the null and legacy handles a different one per context.
+struct StreamKey {
+  CUstream handle = nullptr;
+  uint64_t owner = 0;  // thread id (per-thread) or context (null, legacy); 0 otherwise
+  bool operator==(const StreamKey& o) const { return handle == o.handle && owner == o.owner; }
+};
+
+struct StreamKeyHash {
+  size_t operator()(const StreamKey& k) const {
+    return std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(k.handle)) ^ (k.owner * 0x9e3779b9u);
+  }
+};
+
+bool special(CUstream stream) {
+  return stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+// Uses are closed lazily: after a launch the program may enqueue eager work the hooks do not see
+// (in steady state, with the guard off), so a use is closed by the next event recorded on its
+// stream, at the next acquire there or when an eviction needs it, which comes after all of it.
+// The special handles name a stream that only the calling thread (or context) can reach: their
+// uses are closed at once.
+//
+// A mark's event is recorded once and never again while anything refers to it: recorded again
+// later, it could follow a wait for a restore that needs this very eviction (a deadlock). Events
+// go back to a pool when the last reference goes.
+class EventPool {
+ public:
+  CUevent take(CUcontext context);
+  void give(CUevent event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<CUevent> free_;
+};
+
+struct MarkRecord {
+  EventPool* pool = nullptr;
+  CUevent event = nullptr;  // recorded once the mark is closed
+  MarkRecord() = default;
+  MarkRecord(const MarkRecord&) = delete;
+  MarkRecord& operator=(const MarkRecord&) = delete;
+  ~MarkRecord() {
+    if (event != nullptr) pool->give(event);
+  }
+};
+using MarkRef = std::shared_ptr<MarkRecord>;
+
+struct Marks {
+  CUcontext context = nullptr;
+  EventPool pool;  // events of this stream's context
+  MarkRef next;    // uses made now are closed by it
+};
+
+struct Mark {
+  StreamKey stream;
+  MarkRef record;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Flags: words in pinned host memory that the device reads and writes
+// ---------------------------------------------------------------------------------------------
+
+struct Flag {
+  uint32_t* host = nullptr;
+  CUdeviceptr device = 0;
+  void store(uint32_t v) const { __atomic_store_n(host, v, __ATOMIC_RELEASE); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Slots, jobs, devices
+// ---------------------------------------------------------------------------------------------
+
+struct Entry {
+  Slot* slot = nullptr;
+  uint64_t id = 0;
+  int device = 0;
+  uint64_t pages = 0;  // mapped bytes: what the budget counts
+  uint64_t bytes = 0;  // what copies move
+  Where where = Where::unbacked;
+  bool has_data = false;  // used since it got pages: an eviction copies it out
+  void* host = nullptr;   // its pinned copy, kept while it moves
+  Flag flag;
+  uint32_t ready = 0;  // the flag's value once its pages and data are in place
+  std::vector<std::pair<StreamKey, uint32_t>> waited;  // streams that waited for `ready`
+  // Host handshake: the restore of `ready` was submitted, and ready_event follows its copy.
+  bool submitted = true;
+  CUevent ready_event = nullptr;
+  std::vector<Mark> marks;  // its last use on each stream since it got pages
+  uint64_t lru = 0;
+  int pins = 0;
+  // Evictions decided, and done (unmapped, given up or skipped): a restore waits for those
+  // decided before it, and only those (an eviction decided later follows it in the queue).
+  uint64_t evictions_decided = 0, evictions_done = 0;
+  bool busy = false;       // a worker's driver call on its pages is in flight
+  bool mapped = false;     // pages mapped now (what the workers did, not what was decided)
+  bool unmapping = false;  // the unmapper is unmapping it
+  bool forgotten = false;
+  bool evicted_once = false;
+  bool restored_once = false;  // `ready` names a restore of this slot's (else the flag's past)
+};
+
+enum class JobKind { restore, evict };
+
+struct Job {
+  JobKind kind = JobKind::restore;
+  uint64_t slot = 0;
+  uint32_t ready = 0;  // restore: the flag value it publishes; evict: the restore to follow
+  uint64_t after_evictions = 0;  // restore: the slot's evictions decided before it
+  bool after_restore = false;    // evict: waits for the restore `ready` to have landed
+  bool with_data = false;        // restore: copy the host copy back; evict: copy out first
+  std::vector<MarkRef> waits;    // evict: the marks of its last uses (recorded)
+  const char* cause = "";
+  uint64_t decided_ns = 0;
+};
+
+struct Unmap {
+  uint64_t slot = 0;
+  CUevent start = nullptr, done = nullptr;  // around the D2H (or the waits), offload stream
+  bool copied = false;
+  uint64_t bytes = 0;
+  uint64_t queued_ns = 0;
+};
+
+// An H2D copy in flight, timed on the device; the completion thread reads it.
+struct Copied {
+  uint64_t slot = 0;
+  CUdeviceptr va = 0;
+  uint64_t bytes = 0;
+  CUevent start = nullptr, end = nullptr;
+  uint64_t queued_ns = 0;
+};
+
+struct Device {
+  int ordinal = 0;
+  CUcontext context = nullptr;
+  CUstream offload = nullptr, restore = nullptr;
+  bool device_handshake = false;
+  std::vector<Flag> free_flags;
+  uint64_t committed = 0;  // host order: pages of resident slots (restores queued included)
+  uint64_t physical = 0;   // pages mapped now
+  uint64_t budget = 0;     // auto: the last budget computed
+  uint64_t reserve = 0;    // auto: what is left to the program
+  uint64_t total = 0;      // the device's memory
+  std::deque<Job> jobs;
+  std::deque<Unmap> unmaps;
+  std::deque<Copied> copies;
+  std::condition_variable jobs_cv, unmaps_cv, copies_cv;
+  int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
+  int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
+  std::vector<CUevent> spare_events;  // timing events for evictions, reused
+};
+
+// What one decision asks the application's thread to do once the state lock is dropped.
+struct Actions {
+  int device = -1;
+  std::vector<Job> jobs;                              // in decision order
+  std::vector<std::vector<Mark>> marks;               // per job: the marks an eviction waits for
+  std::vector<std::pair<Flag, uint32_t>> flag_waits;  // device handshake, on the stream
+  std::vector<Entry*> host_waits;                     // host handshake: wait for their submission
+};
+
+// =============================================================================================
+// The residency
+// =============================================================================================
+
+class Residency {
+ public:
+  void configure(const Settings& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    settings_ = s;
+  }
+  void adopt(Slot* slot, bool backed);
+  void forget(Slot* slot);
+  CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
+                   Acquired* acquired, std::string* message);
+  void used(const Acquired& acquired);
+  void evict(const std::vector<Slot*>& slots, const char* cause);
+  void prefetch(const std::vector<Slot*>& slots);
+  void set_schedule(const std::vector<std::vector<Slot*>>& uses);
+  void at_position(int position) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    position_ = position;
+  }
+  uint64_t make_room(int ordinal, uint64_t bytes);
+  uint64_t budget(int ordinal) {
+    std::lock_guard<std::mutex> submit(submit_);
+    Device& d = device(ordinal);
+    refresh_budget(d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return budget_locked(d);
+  }
+  CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+  Stats stats();
+
+ private:
+  // *_locked: under mutex_, no driver calls.
+  Device& device_locked(int ordinal);
+  Entry* find_locked(const Slot* slot) {
+    auto it = entries_.find(slot);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  Entry* by_id_locked(uint64_t id) {
+    auto it = ids_.find(id);
+    return it == ids_.end() ? nullptr : find_locked(it->second);
+  }
+  uint64_t budget_locked(const Device& d) const {
+    return settings_.budget_bytes != 0 ? settings_.budget_bytes : d.budget;
+  }
+  int64_t distance_locked(const Entry& e) const;
+  std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
+                                     const std::vector<Entry*>& keep) const;
+  void evict_locked(Entry& e, const char* cause, Actions* out);
+  void restore_locked(Entry& e, const char* cause, Actions* out);
+  void wait_for_locked(Entry& e, const StreamKey& stream, Actions* out);
+
+  // On an application thread, under submit_ and not mutex_.
+  Device& device(int ordinal);
+  void start_device(Device& d);
+  Flag take_flag(Device& d);
+  StreamKey key_of(CUstream stream);
+  Marks& marks_of(const StreamKey& key);
+  void close_mark(const StreamKey& key);
+  void refresh_budget(Device& d);
+  // Also from the mover (evict_idle): no application thread lock is needed.
+  bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
+  // `stream`: the launching stream to make wait, if `waits`.
+  void carry_out(Actions& actions, bool waits, CUstream stream);
+  bool wait_submitted(const std::vector<Entry*>& entries, std::string* why);
+  void used_submitted(const Acquired& acquired);
+
+  // Workers.
+  void run_mover(Device& d);
+  void run_unmapper(Device& d);
+  void run_completions(Device& d);
+  CUevent spare_event(Device& d);
+  void do_restore(Device& d, const Job& job);
+  void do_evict(Device& d, const Job& job);
+  bool relieve(Device& d, uint64_t restoring);
+  bool evict_idle(Device& d, uint64_t restoring);
+  CUresult wait_event(CUevent event);
+  [[noreturn]] void die(const std::string& message);
+
+  std::mutex submit_;  // one application thread decides and enqueues at a time
+  std::mutex mutex_;   // the state below; never held across a driver call
+  std::condition_variable changed_;
+  Settings settings_;
+  std::unordered_map<const Slot*, Entry> entries_;
+  std::unordered_map<uint64_t, const Slot*> ids_;
+  std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
+  std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;   // under submit_
+  std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
+  int period_ = 0, position_ = 0;
+  uint64_t tick_ = 0;
+  uint64_t next_job_ = 1;
+  Stats stats_;
+  bool said_fallback_ = false;
+};
+
+Residency& the() {
+  static auto* r = new Residency;  // leaked: workers and hooks run until the process exits
+  return *r;
+}
+
+const Driver& drv() { return engine().driver(); }
+
+// A driver call on the slot path, tried again with backoff when it fails.
+template <class Call>
+CUresult with_retries(Call call) {
+  CUresult rc = CUDA_SUCCESS;
+  auto pause = std::chrono::milliseconds(1);
+  for (int attempt = 0; attempt < kRetries; ++attempt) {
+    rc = call();
+    if (rc == CUDA_SUCCESS) return rc;
+    std::this_thread::sleep_for(pause);
+    pause *= 4;
+  }
+  return rc;
+}
+
+// =============================================================================================
+// Devices (created on an application thread, under submit_, at a device's first slot)
+// =============================================================================================
+
+Device& Residency::device(int ordinal) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = devices_.find(ordinal);
+    if (it != devices_.end()) return *it->second;
+  }
+  auto d = std::make_unique<Device>();
+  d->ordinal = ordinal;
+  d->context = engine().context(ordinal);
+  start_device(*d);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = devices_[ordinal];
+  slot = std::move(d);
+  Device* device = slot.get();
+  std::thread([this, device] { run_mover(*device); }).detach();
+  std::thread([this, device] { run_unmapper(*device); }).detach();
+  std::thread([this, device] { run_completions(*device); }).detach();
+  return *slot;
+}
+
+Device& Residency::device_locked(int ordinal) { return *devices_.at(ordinal); }
+
+void Residency::start_device(Device& d) {
+  const Driver& driver = drv();
+  ContextScope scope(driver, d.context);
+  if (driver.cuStreamCreate(&d.offload, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      driver.cuStreamCreate(&d.restore, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    die("cuStreamCreate failed for vaswap's copy streams on device " + std::to_string(d.ordinal));
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) d.total = total_bytes;
+  Settings s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = settings_;
+  }
+  d.reserve =
+      s.reserve_bytes != 0 ? s.reserve_bytes : std::min<uint64_t>(kAutoReserveMax, d.total / 32);
+  d.budget = free_bytes > d.reserve ? free_bytes - d.reserve : 0;
+  // The device handshake needs stream memory operations, and must not park a stream where one
+  // hardware queue would hold vaswap's copies behind it (CUDA_DEVICE_MAX_CONNECTIONS=1).
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const bool one_queue = connections != nullptr && std::atoi(connections) == 1;
+  std::string fallback;
+  if (s.handshake == Handshake::host) {
+    fallback = "residency.handshake is host";
+  } else if (one_queue && s.handshake != Handshake::device) {
+    fallback =
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 (a stream waiting on the device would hold vaswap's copies "
+        "behind it)";
+  } else {
+    const Flag probe = take_flag(d);
+    CUresult rc = driver.cuStreamWriteValue32(d.restore, probe.device, 0, 0);
+    // The probe's write must land before its flag serves a slot: a late write of 0 would undo a
+    // restore's publication, and a stream would wait for it forever.
+    if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(d.restore);
+    if (rc == CUDA_SUCCESS) {
+      d.device_handshake = true;
+    } else {
+      fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
+                 cuda_error_name(rc) + ")";
+    }
+    d.free_flags.push_back(probe);
+  }
+  if (!fallback.empty() && s.handshake == Handshake::device) {
+    die("residency.handshake is device, but " + fallback);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!fallback.empty() && !said_fallback_) {
+    said_fallback_ = true;
+    log().warn(
+        "device {}: {}; the application's thread waits for vaswap's restores to be submitted "
+        "instead (the host handshake)",
+        d.ordinal, fallback);
+  }
+  stats_.device_handshake = d.device_handshake;
+  if (trace::enabled()) {
+    trace::Record(trace::Event::residency)
+        .add("device", d.ordinal)
+        .add("budget", s.budget_bytes)
+        .add("reserve", d.reserve)
+        .add("total", d.total)
+        .add("handshake", d.device_handshake ? "device" : "host")
+        .add("why", fallback)
+        .emit();
+  }
+}
+
+Flag Residency::take_flag(Device& d) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!d.free_flags.empty()) {
+      const Flag flag = d.free_flags.back();
+      d.free_flags.pop_back();
+      return flag;
+    }
+  }
+  const Driver& driver = drv();
+  ContextScope scope(driver, d.context);
+  void* host = nullptr;
+  const size_t bytes = kFlagsPerChunk * sizeof(uint32_t);
+  if (driver.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
+      CUDA_SUCCESS) {
+    die("cuMemHostAlloc failed for vaswap's handshake flags on device " +
+        std::to_string(d.ordinal));
+  }
+  std::memset(host, 0, bytes);
+  CUdeviceptr base = 0;
+  if (driver.cuMemHostGetDevicePointer(&base, host, 0) != CUDA_SUCCESS) {
+    base = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host));  // unified addressing
+  }
+  auto* words = static_cast<uint32_t*>(host);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = kFlagsPerChunk; i-- > 1;) {
+    d.free_flags.push_back(Flag{words + i, base + i * sizeof(uint32_t)});
+  }
+  return Flag{words, base};
+}
+
+// =============================================================================================
+// Streams and marks (application threads, under submit_)
+// =============================================================================================
+
+StreamKey Residency::key_of(CUstream stream) {
+  if (stream == CU_STREAM_PER_THREAD) return {stream, thread_id()};
+  if (special(stream)) {
+    CUcontext context = nullptr;
+    drv().cuCtxGetCurrent(&context);
+    return {stream, reinterpret_cast<uintptr_t>(context)};
+  }
+  return {stream, 0};
+}
+
+CUevent EventPool::take(CUcontext context) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      CUevent event = free_.back();
+      free_.pop_back();
+      return event;
+    }
+  }
+  const Driver& driver = drv();
+  ContextScope scope(driver, context);
+  CUevent event = nullptr;
+  if (driver.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return event;
+}
+
+Marks& Residency::marks_of(const StreamKey& key) {
+  Marks& m = marks_[key];
+  if (m.context == nullptr) {
+    if (special(key.handle)) {
+      drv().cuCtxGetCurrent(&m.context);
+    } else if (drv().cuStreamGetCtx(key.handle, &m.context) != CUDA_SUCCESS) {
+      drv().cuCtxGetCurrent(&m.context);
+    }
+  }
+  if (!m.next) {
+    m.next = std::make_shared<MarkRecord>();
+    m.next->pool = &m.pool;
+  }
+  return m;
+}
+
+// Records the pending mark of `key` on its stream (if a use refers to it): everything enqueued
+// there so far precedes it.
+void Residency::close_mark(const StreamKey& key) {
+  Marks& m = marks_of(key);
+  if (m.next.use_count() == 1) return;  // nobody refers to it: nothing to record
+  const Driver& driver = drv();
+  CUevent event = m.pool.take(m.context);
+  if (event == nullptr) {
+    die("cuEventCreate failed for a use mark on stream " +
+        hex(reinterpret_cast<uintptr_t>(key.handle)));
+  }
+  const CUresult rc = driver.cuEventRecord(event, key.handle);
+  if (rc != CUDA_SUCCESS) {
+    m.pool.give(event);
+    die(cuda_failure("cuEventRecord", rc,
+                     "a use mark on stream " + hex(reinterpret_cast<uintptr_t>(key.handle))));
+  }
+  m.next->event = event;
+  m.next = std::make_shared<MarkRecord>();
+  m.next->pool = &m.pool;
+}
+
+// =============================================================================================
+// What to evict
+// =============================================================================================
+
+// Positions from the current one to the slot's next use in the learned period; a slot the
+// period does not use is the farthest of all. Without a schedule: the longer unused, the farther.
+int64_t Residency::distance_locked(const Entry& e) const {
+  if (period_ > 0) {
+    auto it = schedule_.find(e.slot);
+    if (it == schedule_.end() || it->second.empty()) return int64_t{period_} * 2;
+    int best = period_;
+    for (int use : it->second) {
+      best = std::min(best, ((use - position_) % period_ + period_) % period_);
+    }
+    return best;
+  }
+  return static_cast<int64_t>(tick_ - e.lru);
+}
+
+std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
+                                              const std::vector<Entry*>& keep) const {
+  std::vector<Entry*> candidates;
+  for (const auto& [slot, e] : entries_) {
+    if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
+    if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
+    candidates.push_back(const_cast<Entry*>(&e));
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
+    return distance_locked(*a) > distance_locked(*b);
+  });
+  std::vector<Entry*> chosen;
+  uint64_t freed = 0;
+  for (Entry* e : candidates) {
+    if (freed >= pages) break;
+    chosen.push_back(e);
+    freed += e->pages;
+  }
+  return chosen;
+}
+
+// =============================================================================================
+// Decisions (under mutex_): state changes, and the jobs that carry them out
+// =============================================================================================
+
+void Residency::evict_locked(Entry& e, const char* cause, Actions* out) {
+  Device& d = device_locked(e.device);
+  e.where = Where::releasing;
+  ++e.evictions_decided;
+  d.committed -= e.pages;
+  Job job;
+  job.kind = JobKind::evict;
+  job.slot = e.id;
+  job.ready = e.ready;
+  job.after_restore = e.restored_once;
+  job.with_data = e.has_data;
+  job.cause = cause;
+  job.decided_ns = trace::now_ns();
+  out->jobs.push_back(std::move(job));
+  out->marks.push_back(std::move(e.marks));
+  e.marks.clear();
+  e.waited.clear();
+  ++stats_.evictions;
+  if (!e.evicted_once) {
+    e.evicted_once = true;
+    ++stats_.distinct_evicted;
+  }
+  const std::string why(cause);
+  if (why == "plan") {
+    ++stats_.evictions_plan;
+  } else if (why == "program") {
+    ++stats_.evictions_program;
+  } else {
+    ++stats_.evictions_budget;
+  }
+  if (trace::enabled()) {
+    trace::Record(trace::Event::evict)
+        .add("slot", e.id)
+        .hex("va", e.slot->va)
+        .add("bytes", e.pages)
+        .add("device", e.device)
+        .add("cause", cause)
+        .add("position", position_)
+        .add("data", e.has_data)
+        .emit();
+  }
+}
+
+// A slot that is unbacked, offloaded or releasing becomes resident: its pages mapped again and
+// its data copied back. A releasing slot is not called back from its eviction: restores queued
+// after that eviction count on the pages it gives back, so it runs to the end and the restore
+// follows it (the mover maps only once the unmapper is done with the slot).
+void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
+  Device& d = device_locked(e.device);
+  d.committed += e.pages;
+  const bool first = e.where == Where::unbacked;
+  e.where = Where::resident;
+  ++e.ready;
+  e.restored_once = true;
+  e.waited.clear();
+  e.submitted = false;
+  Job job;
+  job.kind = JobKind::restore;
+  job.slot = e.id;
+  job.ready = e.ready;
+  job.after_evictions = e.evictions_decided;
+  job.with_data = e.has_data;
+  job.cause = cause;
+  job.decided_ns = trace::now_ns();
+  out->jobs.push_back(std::move(job));
+  out->marks.emplace_back();
+  ++(first ? stats_.first_maps : stats_.restores);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::fetch)
+        .add("slot", e.id)
+        .hex("va", e.slot->va)
+        .add("bytes", e.pages)
+        .add("device", e.device)
+        .add("cause", first && std::strcmp(cause, "demand") == 0 ? "first_use" : cause)
+        .add("data", e.has_data)
+        .add("ready", static_cast<uint64_t>(e.ready))
+        .emit();
+  }
+}
+
+// The stream must not run ahead of the slot's latest restore.
+void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out) {
+  if (!e.restored_once) return;
+  auto seen = std::find_if(e.waited.begin(), e.waited.end(),
+                           [&stream](const auto& w) { return w.first == stream; });
+  if (seen != e.waited.end() && seen->second == e.ready) return;
+  if (seen == e.waited.end()) {
+    e.waited.emplace_back(stream, e.ready);
+  } else {
+    seen->second = e.ready;
+  }
+  if (device_locked(e.device).device_handshake) {
+    out->flag_waits.emplace_back(e.flag, e.ready);
+  } else {
+    out->host_waits.push_back(&e);
+  }
+}
+
+// =============================================================================================
+// Carrying decisions out (application thread, under submit_)
+// =============================================================================================
+
+// Auto: what the device has free now plus what slots hold now, less the reserve.
+void Residency::refresh_budget(Device& d) {
+  bool fixed = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fixed = settings_.budget_bytes != 0;
+  }
+  if (fixed) return;
+  const Driver& driver = drv();
+  size_t free_bytes = 0, total_bytes = 0;
+  CUresult rc = CUDA_SUCCESS;
+  {
+    ContextScope scope(driver, d.context);
+    rc = driver.cuMemGetInfo(&free_bytes, &total_bytes);
+  }
+  if (rc != CUDA_SUCCESS) return;  // keep the last figure
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t have = free_bytes + d.physical;
+  d.budget = have > d.reserve ? have - d.reserve : 0;
+}
+
+// Pinned copies for the victims that will copy data out, within host_pool.limit.
+bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::string* why) {
+  for (Entry* e : victims) {
+    bool need = false;
+    uint64_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      need = e->has_data && e->host == nullptr;
+      bytes = e->pages;
+      if (need && settings_.host_limit_bytes != 0 &&
+          stats_.host_bytes + bytes > settings_.host_limit_bytes) {
+        *why = "host_pool.limit (" + byte_size(settings_.host_limit_bytes) +
+               ") is reached: evicting slot " + std::to_string(e->id) + " needs " +
+               byte_size(bytes) + " more pinned host memory, and " + byte_size(stats_.host_bytes) +
+               " is held. Raise host_pool.limit or the budget";
+        return false;
+      }
+    }
+    if (!need) continue;
+    void* host = nullptr;
+    try {
+      host = engine().host_alloc(bytes);
+    } catch (const Error& error) {
+      *why = error.what();
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    e->host = host;
+    stats_.host_bytes += bytes;
+  }
+  return true;
+}
+
+// Turns marks into events, queues the jobs for the mover, and makes `stream` (if any) wait.
+void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
+  for (size_t i = 0; i < a.jobs.size(); ++i) {
+    for (const Mark& m : a.marks[i]) {
+      if (m.record->event == nullptr) close_mark(m.stream);  // still pending: close it now
+      a.jobs[i].waits.push_back(m.record);
+    }
+  }
+  if (!a.jobs.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Device& d = device_locked(a.device);
+    for (Job& job : a.jobs) d.jobs.push_back(std::move(job));
+    d.jobs_cv.notify_all();
+  }
+  if (waits && !a.flag_waits.empty()) {
+    std::vector<CUstreamBatchMemOpParams> ops(a.flag_waits.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      ops[i] = CUstreamBatchMemOpParams{};
+      ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      ops[i].waitValue.address = a.flag_waits[i].first.device;
+      ops[i].waitValue.value = a.flag_waits[i].second;
+      ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    }
+    const CUresult rc =
+        drv().cuStreamBatchMemOp(stream, static_cast<unsigned>(ops.size()), ops.data(), 0);
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuStreamBatchMemOp", rc,
+                       "the wait for " + std::to_string(ops.size()) +
+                           " restored slot(s) on stream " +
+                           hex(reinterpret_cast<uintptr_t>(stream))));
+    }
+  }
+}
+
+// Host handshake: until each restore was submitted; then the stream waits for its copy.
+bool Residency::wait_submitted(const std::vector<Entry*>& entries, std::string* why) {
+  if (entries.empty()) return true;
+  const uint64_t start = trace::now_ns();
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto limit = std::chrono::nanoseconds(settings_.wait_limit_ns);
+  const bool done = changed_.wait_for(lock, limit, [&] {
+    return std::all_of(entries.begin(), entries.end(),
+                       [](const Entry* e) { return e->submitted || e->forgotten; });
+  });
+  ++stats_.host_waits;
+  stats_.host_wait_us += trace::us_since(start);
+  if (!done) {
+    *why = "a restore was not submitted within residency.wait_limit";
+    return false;
+  }
+  return true;
+}
+
+// =============================================================================================
+// Public operations
+// =============================================================================================
+
+void Residency::adopt(Slot* slot, bool backed) {
+  std::lock_guard<std::mutex> submit(submit_);
+  Device& d = device(slot->device);
+  const Flag flag = take_flag(d);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = entries_[slot];
+  e.slot = slot;
+  e.id = slot->id;
+  e.device = slot->device;
+  e.pages = slot->mapped_bytes;
+  e.bytes = slot->bytes;
+  e.flag = flag;
+  // A flag is reused once its slot is gone: the new slot's restores continue its sequence, so no
+  // value a wait asks for has been written before.
+  e.ready = __atomic_load_n(flag.host, __ATOMIC_ACQUIRE);
+  e.where = backed ? Where::resident : Where::unbacked;
+  e.mapped = backed;
+  e.lru = ++tick_;
+  slot->managed = true;
+  ids_[e.id] = slot;
+  if (backed) {
+    d.committed += e.pages;
+    d.physical += e.pages;
+    stats_.resident_bytes += e.pages;
+    stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);
+  }
+}
+
+void Residency::forget(Slot* slot) {
+  std::lock_guard<std::mutex> submit(submit_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  Entry* e = find_locked(slot);
+  if (e == nullptr) return;
+  e->forgotten = true;
+  // Jobs still queued skip it (they find it no more); a driver call in flight on it finishes.
+  const bool idle = changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns),
+                                      [e] { return !e->busy; });
+  if (!idle) {
+    log().error("slot {} is freed while a worker still works on its pages", e->id);
+  }
+  Device& d = device_locked(e->device);
+  if (e->where == Where::resident) d.committed -= e->pages;
+  if (e->mapped) {
+    d.physical -= e->pages;
+    stats_.resident_bytes -= e->pages;
+  }
+  // Its flag may still be read by queued waits until the slot's destroy synchronizes; it is
+  // reused only after that (the destroy follows at once, under the program's free).
+  d.free_flags.push_back(e->flag);
+  void* host = e->host;
+  const uint64_t host_bytes = host != nullptr ? e->pages : 0;
+  CUevent ready_event = e->ready_event;
+  stats_.host_bytes -= host_bytes;
+  ids_.erase(e->id);
+  entries_.erase(slot);
+  lock.unlock();
+  // The program's free waits for the device (as cudaFree does) before the pages go; a copy into
+  // or out of the host buffer finishes before it is reused.
+  const Driver& driver = drv();
+  ContextScope scope(driver, d.context);
+  driver.cuCtxSynchronize();
+  if (host != nullptr) engine().host_free(host);
+  if (ready_event != nullptr) driver.cuEventDestroy(ready_event);
+}
+
+CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
+                            const std::string& what, Acquired* acquired, std::string* message) {
+  acquired->slots.clear();
+  acquired->stream = stream;
+  if (slots.empty()) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> submit(submit_);
+  const StreamKey key = key_of(stream);
+  // Everything enqueued on the stream so far is closed by one mark: last uses made there end here.
+  close_mark(key);
+  const int ordinal = slots[0]->device;
+  Device& d = device(ordinal);
+  bool refreshed = false;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    Actions actions;
+    actions.device = ordinal;
+    std::vector<Entry*> needed, victims;
+    uint64_t need_pages = 0, new_pages = 0;
+    bool refresh = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (Slot* slot : slots) {
+        Entry* e = find_locked(slot);
+        if (e == nullptr || e->device != ordinal) continue;  // not the preload's, or peer memory
+        needed.push_back(e);
+        need_pages += e->pages;
+        if (e->where != Where::resident) new_pages += e->pages;
+      }
+      refresh = new_pages > 0 && !refreshed && settings_.budget_bytes == 0;
+      const uint64_t budget = budget_locked(d);
+      if (!refresh && need_pages > budget) {
+        ++stats_.oom_launches;
+        *message = what + " needs " + byte_size(need_pages) + " of slots on device " +
+                   std::to_string(ordinal) + " at once, more than the residency budget of " +
+                   byte_size(budget) +
+                   (settings_.budget_bytes != 0
+                        ? std::string(" (residency.budget)")
+                        : " (what the device has free, less residency.reserve of " +
+                              byte_size(d.reserve) + ")") +
+                   "; nothing was launched and every slot keeps its data. Raise the budget, or "
+                   "free device memory";
+        if (trace::enabled()) {
+          trace::Record(trace::Event::oom)
+              .add("what", what)
+              .add("need_bytes", need_pages)
+              .add("budget_bytes", budget)
+              .add("device", ordinal)
+              .emit();
+        }
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      if (!refresh && d.committed + new_pages > budget) {
+        victims = victims_locked(d, d.committed + new_pages - budget, needed);
+        uint64_t freed = 0;
+        for (const Entry* v : victims) freed += v->pages;
+        if (d.committed + new_pages - freed > budget) {
+          ++stats_.oom_launches;
+          *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
+                     std::to_string(ordinal) + ", but only " + byte_size(freed) +
+                     " can be evicted now (the rest is in use by launches being prepared); "
+                     "nothing was launched";
+          return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+      }
+    }
+    if (refresh) {
+      refresh_budget(d);
+      refreshed = true;
+      continue;
+    }
+    {
+      std::string why;
+      if (!ensure_host_copies(victims, &why)) {
+        ++stats_.oom_launches;
+        *message = what + ": cannot evict to make room: " + why;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Victims may have changed while the lock was dropped (a worker, another thread's free):
+      // decide again from the start if so.
+      const bool still = std::all_of(victims.begin(), victims.end(), [this](Entry* v) {
+        return entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0;
+      });
+      if (!still) continue;
+      for (Entry* v : victims) evict_locked(*v, "budget", &actions);
+      for (Entry* e : needed) {
+        if (e->where != Where::resident) {
+          if (e->has_data) {  // a restore, not a first map
+            ++acquired->demanded;
+            acquired->demanded_bytes += e->bytes;
+          }
+          restore_locked(*e, "demand", &actions);
+        }
+        wait_for_locked(*e, key, &actions);
+        ++e->pins;
+        acquired->slots.push_back(e->slot);
+      }
+      acquired->waits = actions.flag_waits.size() + actions.host_waits.size();
+      stats_.peak_resident = std::max(stats_.peak_resident, d.committed);
+    }
+    carry_out(actions, true, stream);
+    if (!actions.host_waits.empty()) {
+      std::string why;
+      const uint64_t start = trace::now_ns();
+      const bool submitted = wait_submitted(actions.host_waits, &why);
+      acquired->host_waited = true;
+      acquired->host_wait_us = trace::us_since(start);
+      if (!submitted) {
+        used_submitted(*acquired);
+        acquired->slots.clear();
+        *message = what + ": " + why;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      const Driver& driver = drv();
+      for (Entry* e : actions.host_waits) {
+        CUevent event = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          event = e->ready_event;
+        }
+        if (event != nullptr) driver.cuStreamWaitEvent(stream, event, 0);
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+  *message = what + ": the slots kept changing while room was made for them; try again";
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void Residency::used(const Acquired& acquired) {
+  if (acquired.slots.empty()) return;
+  std::lock_guard<std::mutex> submit(submit_);
+  used_submitted(acquired);
+}
+
+void Residency::used_submitted(const Acquired& acquired) {
+  const StreamKey key = key_of(acquired.stream);
+  const MarkRef mark = marks_of(key).next;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++tick_;
+    for (Slot* slot : acquired.slots) {
+      Entry* e = find_locked(slot);
+      if (e == nullptr) continue;
+      --e->pins;
+      e->lru = tick_;
+      e->has_data = true;
+      bool found = false;
+      for (Mark& m : e->marks) {
+        if (m.stream == key) {
+          m.record = mark;
+          found = true;
+        }
+      }
+      if (!found) e->marks.push_back(Mark{key, mark});
+    }
+  }
+  if (special(acquired.stream)) close_mark(key);
+}
+
+void Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
+  if (slots.empty()) return;
+  std::lock_guard<std::mutex> submit(submit_);
+  Actions actions;
+  actions.device = slots[0]->device;
+  std::vector<Entry*> victims;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Slot* slot : slots) {
+      Entry* e = find_locked(slot);
+      if (e != nullptr && e->device == actions.device && e->where == Where::resident &&
+          e->pins == 0) {
+        victims.push_back(e);
+      }
+    }
+  }
+  std::string why;
+  if (!ensure_host_copies(victims, &why)) {
+    log().warn("a planned eviction of {} slot(s) is skipped: {}", victims.size(), why);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry* v : victims) {
+      if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
+        evict_locked(*v, cause, &actions);
+      }
+    }
+  }
+  carry_out(actions, false, nullptr);
+}
+
+void Residency::prefetch(const std::vector<Slot*>& slots) {
+  if (slots.empty()) return;
+  std::lock_guard<std::mutex> submit(submit_);
+  const int ordinal = slots[0]->device;
+  Device& d = device(ordinal);
+  refresh_budget(d);
+  Actions actions;
+  actions.device = ordinal;
+  std::vector<Entry*> wanted, victims;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t new_pages = 0;
+    for (Slot* slot : slots) {
+      Entry* e = find_locked(slot);
+      if (e == nullptr || e->device != ordinal || e->where == Where::resident) continue;
+      if (e->where == Where::unbacked) continue;  // nothing to bring back: mapped at first use
+      wanted.push_back(e);
+      new_pages += e->pages;
+    }
+    const uint64_t budget = budget_locked(d);
+    if (!wanted.empty() && d.committed + new_pages > budget) {
+      victims = victims_locked(d, d.committed + new_pages - budget, wanted);
+    }
+  }
+  std::string why;
+  if (!ensure_host_copies(victims, &why)) {
+    log().warn("a planned restore is left to its use: {}", why);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry* v : victims) {
+      if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
+        evict_locked(*v, "budget", &actions);
+      }
+    }
+    const uint64_t budget = budget_locked(d);
+    for (Entry* e : wanted) {
+      if (entries_.count(e->slot) == 0 || e->where == Where::resident) continue;
+      if (d.committed + e->pages > budget) break;  // the rest waits for its use
+      restore_locked(*e, "prefetch", &actions);
+    }
+  }
+  carry_out(actions, false, nullptr);
+}
+
+void Residency::set_schedule(const std::vector<std::vector<Slot*>>& uses) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  schedule_.clear();
+  period_ = static_cast<int>(uses.size());
+  position_ = 0;
+  for (size_t p = 0; p < uses.size(); ++p) {
+    for (Slot* slot : uses[p]) schedule_[slot].push_back(static_cast<int>(p));
+  }
+}
+
+uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> submit(submit_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (devices_.count(ordinal) == 0) return 0;
+    }
+    Device& d = device(ordinal);
+    Actions actions;
+    actions.device = ordinal;
+    std::vector<Entry*> victims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      victims = victims_locked(d, bytes, {});
+    }
+    std::string why;
+    if (!ensure_host_copies(victims, &why)) {
+      log().warn("cannot make room for the program's allocation: {}", why);
+      return 0;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (Entry* v : victims) {
+        if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
+          evict_locked(*v, "program", &actions);
+          ids.push_back(v->id);
+        }
+      }
+    }
+    carry_out(actions, false, nullptr);
+  }
+  // The program's call waits (its own out-of-memory path) until those pages are gone.
+  uint64_t freed = 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
+    freed = 0;
+    bool all = true;
+    for (uint64_t id : ids) {
+      Entry* e = by_id_locked(id);
+      if (e == nullptr) continue;
+      if (e->mapped) {
+        all = false;
+      } else {
+        freed += e->pages;
+      }
+    }
+    return all;
+  });
+  return freed;
+}
+
+CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> submit(submit_);
+    if (slots.empty()) return CUDA_SUCCESS;
+    const int ordinal = slots[0]->device;
+    Device& d = device(ordinal);
+    refresh_budget(d);
+    Actions actions;
+    actions.device = ordinal;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      uint64_t new_pages = 0;
+      for (Slot* slot : slots) {
+        Entry* e = find_locked(slot);
+        if (e != nullptr && e->device == ordinal && e->where != Where::resident) {
+          new_pages += e->pages;
+        }
+      }
+      // Nothing is evicted here: an eviction records its last uses on their streams, and a
+      // stream that is capturing would record that into the graph instead.
+      const uint64_t budget = budget_locked(d);
+      if (d.committed + new_pages > budget) {
+        ++stats_.oom_launches;
+        *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
+                   " of slots mapped, and the residency budget of " + byte_size(budget) +
+                   " on device " + std::to_string(ordinal) + " has " +
+                   byte_size(budget > d.committed ? budget - d.committed : 0) +
+                   " left; raise residency.budget";
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      for (Slot* slot : slots) {
+        Entry* e = find_locked(slot);
+        if (e == nullptr || e->device != ordinal || e->where == Where::resident) continue;
+        restore_locked(*e, "capture", &actions);
+        ids.push_back(e->id);
+      }
+    }
+    carry_out(actions, false, nullptr);
+  }
+  // A copy or memset recorded into a capture is checked against its addresses now: wait until
+  // the mover has mapped them (the launch will wait for their data as any launch does).
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool mapped =
+      changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
+        return std::all_of(ids.begin(), ids.end(), [this](uint64_t id) {
+          const Entry* e = by_id_locked(id);
+          return e == nullptr || e->mapped;
+        });
+      });
+  if (!mapped) {
+    *message = "slots a capture's copy names were not mapped within residency.wait_limit";
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
+}
+
+Stats Residency::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Stats s = stats_;
+  for (const auto& [ordinal, d] : devices_) {
+    s.budget_bytes = budget_locked(*d);
+    break;
+  }
+  return s;
+}
+
+// =============================================================================================
+// Workers
+// =============================================================================================
+
+[[noreturn]] void Residency::die(const std::string& message) {
+  {
+    // What the state was, for whoever debugs the hang (log.level: debug).
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      for (const auto& [ordinal, d] : devices_) {
+        log().debug("device {}: committed {} physical {} jobs {} unmaps {}", ordinal, d->committed,
+                    d->physical, d->jobs.size(), d->unmaps.size());
+      }
+      for (const auto& [slot, e] : entries_) {
+        log().debug("slot {}: where {} mapped {} evictions {}/{} ready {} flag {}", e.id,
+                    static_cast<int>(e.where), e.mapped, e.evictions_done, e.evictions_decided,
+                    e.ready, *e.flag.host);
+      }
+    }
+  }
+  const std::string text = message +
+                           ". vaswap cannot keep this process's device work correct past this "
+                           "point, and ends it (DESIGN.md invariant 12)";
+  log().error("{}", text);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::error).add("call", "residency").add("message", text).emit();
+  }
+  trace::close();
+  std::fflush(nullptr);
+  _exit(70);
+}
+
+// Polls an event with a short backoff, bounded by residency.wait_limit; an error (a device that
+// faulted) ends the wait at once.
+CUresult Residency::wait_event(CUevent event) {
+  const Driver& driver = drv();
+  const uint64_t start = trace::now_ns();
+  auto pause = std::chrono::microseconds(5);
+  uint64_t limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit = settings_.wait_limit_ns;
+  }
+  for (;;) {
+    const CUresult rc = driver.cuEventQuery(event);
+    if (rc != CUDA_ERROR_NOT_READY) return rc;
+    if (trace::now_ns() - start > limit) return CUDA_ERROR_LAUNCH_TIMEOUT;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
+
+void Residency::run_mover(Device& d) {
+  const Driver& driver = drv();
+  become_worker(driver, d.context, "vaswap-mov" + std::to_string(d.ordinal));
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      d.jobs_cv.wait(lock, [&d] { return !d.jobs.empty(); });
+      job = std::move(d.jobs.front());
+      d.jobs.pop_front();
+    }
+    if (job.kind == JobKind::restore) {
+      do_restore(d, job);
+    } else {
+      do_evict(d, job);
+    }
+  }
+}
+
+// While a restore waits for room, the mover keeps memory moving: evictions queued behind it go
+// first where they can (not past a restore of the same slot), and, failing that, a slot nothing
+// in flight uses is evicted (its last uses recorded and complete). The auto budget moves with the
+// program's own allocations after decisions were made; this is how a restore that counted on
+// pages the program took since still gets room. True when something was set going.
+bool Residency::relieve(Device& d, uint64_t restoring) {
+  {
+    // Evictions on their way free pages by themselves: wait for them before taking more.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (d.unmaps_in_flight > 0) return false;
+  }
+  // Evictions queued behind the stuck restore whose last uses are complete: their copies cannot
+  // hold the offload stream behind work that waits for this very restore.
+  struct Eligible {
+    uint64_t slot;
+    std::vector<MarkRef> waits;
+    bool landed;  // the restore it follows (if any) has published
+  };
+  std::vector<Eligible> eligible;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<uint64_t> restores_before;
+    for (const Job& job : d.jobs) {
+      if (job.kind == JobKind::restore) {
+        restores_before.push_back(job.slot);
+        continue;
+      }
+      if (job.slot == restoring || std::find(restores_before.begin(), restores_before.end(),
+                                             job.slot) != restores_before.end()) {
+        continue;
+      }
+      bool landed = !job.after_restore;
+      if (!landed) {
+        const Entry* e = by_id_locked(job.slot);
+        landed =
+            e != nullptr && d.device_handshake && e->submitted &&
+            static_cast<int32_t>(__atomic_load_n(e->flag.host, __ATOMIC_ACQUIRE) - job.ready) >= 0;
+      }
+      if (landed) eligible.push_back({job.slot, job.waits, landed});
+    }
+  }
+  const Driver& driver = drv();
+  for (const Eligible& candidate : eligible) {
+    const uint64_t slot = candidate.slot;
+    const auto& waits = candidate.waits;
+    const bool complete = std::all_of(waits.begin(), waits.end(), [&driver](const MarkRef& m) {
+      return m->event != nullptr && driver.cuEventQuery(m->event) == CUDA_SUCCESS;
+    });
+    if (!complete) continue;
+    Job ahead;
+    bool taken = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = d.jobs.begin(); it != d.jobs.end(); ++it) {
+        if (it->kind == JobKind::evict && it->slot == slot) {
+          ahead = std::move(*it);
+          d.jobs.erase(it);
+          taken = true;
+          break;
+        }
+      }
+    }
+    if (taken) {
+      do_evict(d, ahead);
+      return true;
+    }
+  }
+  return evict_idle(d, restoring);
+}
+
+bool Residency::evict_idle(Device& d, uint64_t restoring) {
+  struct Candidate {
+    uint64_t id;  // looked up again under the lock: the slot may be freed meanwhile
+    std::vector<MarkRef> marks;
+  };
+  std::vector<Candidate> candidates;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Entry*> entries;
+    for (auto& [slot, e] : entries_) {
+      if (e.device != d.ordinal || e.id == restoring || e.where != Where::resident || !e.mapped ||
+          e.pins > 0 || e.busy || e.evictions_done != e.evictions_decided) {
+        continue;
+      }
+      const bool recorded = std::all_of(e.marks.begin(), e.marks.end(),
+                                        [](const Mark& m) { return m.record->event != nullptr; });
+      if (recorded) entries.push_back(&e);
+    }
+    std::stable_sort(entries.begin(), entries.end(), [this](const Entry* a, const Entry* b) {
+      return distance_locked(*a) > distance_locked(*b);
+    });
+    for (const Entry* e : entries) {
+      Candidate c{e->id, {}};
+      for (const Mark& m : e->marks) c.marks.push_back(m.record);
+      candidates.push_back(std::move(c));
+    }
+  }
+  const Driver& driver = drv();
+  for (Candidate& c : candidates) {
+    const bool done = std::all_of(c.marks.begin(), c.marks.end(), [&driver](const MarkRef& m) {
+      return driver.cuEventQuery(m->event) == CUDA_SUCCESS;
+    });
+    if (!done) continue;
+    Entry* entry = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry = by_id_locked(c.id);
+      if (entry != nullptr) ++entry->pins;  // held while its host copy is made
+    }
+    if (entry == nullptr) continue;
+    std::string why;
+    const bool copy = ensure_host_copies({entry}, &why);
+    Actions actions;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(c.id);
+      if (e == nullptr) continue;
+      --e->pins;
+      if (!copy) continue;
+      // Still idle, with the same last uses (an application thread may have used it meanwhile).
+      bool same = e->where == Where::resident && e->pins == 0 && e->mapped &&
+                  e->marks.size() == c.marks.size();
+      for (size_t i = 0; same && i < c.marks.size(); ++i) same = e->marks[i].record == c.marks[i];
+      if (!same) continue;
+      evict_locked(*e, "room", &actions);
+    }
+    for (const Mark& m : actions.marks[0]) actions.jobs[0].waits.push_back(m.record);
+    do_evict(d, actions.jobs[0]);
+    return true;
+  }
+  return false;
+}
+
+void Residency::do_restore(Device& d, const Job& job) {
+  Slot* slot = nullptr;
+  void* host = nullptr;
+  Flag flag;
+  std::string failure;
+  const uint64_t start_ns = trace::now_ns();
+  // Never skipped for a later decision: an eviction decided after it follows it in this queue and
+  // copies out of the pages it maps.
+  for (int attempt = 0;; ++attempt) {
+    bool ready = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(job.slot);
+      if (e == nullptr || e->forgotten) return;
+      slot = e->slot;
+      flag = e->flag;
+      host = e->host;
+      if (e->evictions_done >= job.after_evictions) {  // its own eviction runs first
+        if (e->mapped) {
+          // That eviction could not unmap: pages and data stayed where they were. Publish.
+          e->submitted = true;
+          if (d.device_handshake) flag.store(job.ready);
+          changed_.notify_all();
+          return;
+        }
+        // A size budget caps what slots hold at once. The auto one moves with the program's own
+        // allocations: the device says whether there is room (cuMemCreate).
+        ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
+        if (ready) e->busy = true;
+      }
+    }
+    if (ready) {
+      // Map: pages are never visible before their data (DESIGN.md invariant 10): the copy
+      // follows at once on the restore stream, and nothing waiting for the slot runs before it
+      // lands.
+      try {
+        engine().back(slot, BatchTiming{job.slot, 0, trace::us_since(job.decided_ns)},
+                      /*report=*/false);
+        break;
+      } catch (const Error& error) {
+        failure = error.what();
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (Entry* e = by_id_locked(job.slot)) e->busy = false;
+      }
+    }
+    uint64_t limit = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit = settings_.wait_limit_ns;
+    }
+    if (trace::now_ns() - start_ns > limit) {
+      die("the restore of slot " + std::to_string(job.slot) + " on device " +
+          std::to_string(d.ordinal) + " found no room for " + std::to_string(limit / 1000000) +
+          " ms (" + std::to_string(attempt + 1) + " tries" +
+          (failure.empty() ? std::string(", the budget full") : ": " + failure) +
+          "). Its data is safe in pinned host memory, but the launch waiting for it cannot run");
+    }
+    if (!relieve(d, job.slot)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait_for(lock, std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 64)));
+    }
+  }
+  CUresult rc = CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(job.slot);
+    d.physical += slot->mapped_bytes;
+    stats_.resident_bytes += slot->mapped_bytes;
+    stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);
+    if (e != nullptr) e->mapped = true;
+  }
+  changed_.notify_all();
+  const Driver& driver = drv();
+  CUevent ready_event = nullptr;
+  if (job.with_data) {
+    Copied copied{job.slot, slot->va, slot->bytes, spare_event(d), spare_event(d), 0};
+    driver.cuEventRecord(copied.start, d.restore);
+    rc = with_retries(
+        [&] { return driver.cuMemcpyHtoDAsync(slot->va, host, slot->bytes, d.restore); });
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuMemcpyHtoDAsync", rc, slot->describe()) +
+          ". Its data is safe in pinned host memory");
+    }
+    driver.cuEventRecord(copied.end, d.restore);
+    copied.queued_ns = trace::now_ns();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++d.h2d_in_flight;
+    d.copies.push_back(copied);
+    d.copies_cv.notify_all();
+  }
+  if (d.device_handshake) {
+    if (job.with_data) {
+      rc = driver.cuStreamWriteValue32(d.restore, flag.device, job.ready, 0);
+      if (rc != CUDA_SUCCESS) die(cuda_failure("cuStreamWriteValue32", rc, slot->describe()));
+    } else {
+      flag.store(job.ready);  // mapped: nothing else to wait for
+    }
+  } else if (job.with_data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(job.slot);
+      if (e != nullptr) ready_event = e->ready_event;
+    }
+    if (ready_event == nullptr) {
+      driver.cuEventCreate(&ready_event, CU_EVENT_DISABLE_TIMING);
+    }
+    driver.cuEventRecord(ready_event, d.restore);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(job.slot);
+    if (e != nullptr) {
+      e->busy = false;
+      e->submitted = true;
+      if (job.with_data && !d.device_handshake) e->ready_event = ready_event;
+    } else if (ready_event != nullptr) {
+      driver.cuEventDestroy(ready_event);
+    }
+  }
+  changed_.notify_all();
+}
+
+void Residency::do_evict(Device& d, const Job& job) {
+  Slot* slot = nullptr;
+  void* host = nullptr;
+  Flag flag;
+  CUevent restore_event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(job.slot);
+    if (e == nullptr || e->forgotten) return;
+    slot = e->slot;
+    host = e->host;
+    flag = e->flag;
+    restore_event = e->ready_event;
+    if (!e->mapped) {
+      // Never mapped (a first map was decided and called off by this eviction before it ran):
+      // nothing to copy or unmap.
+      ++e->evictions_done;
+      if (e->where == Where::releasing) e->where = Where::unbacked;
+      changed_.notify_all();
+      return;
+    }
+  }
+  const Driver& driver = drv();
+  // After every use (the marks) and after its latest restore landed (invariant 3).
+  for (const MarkRef& wait : job.waits) driver.cuStreamWaitEvent(d.offload, wait->event, 0);
+  if (job.after_restore) {
+    if (d.device_handshake) {
+      driver.cuStreamWaitValue32(d.offload, flag.device, job.ready, CU_STREAM_WAIT_VALUE_GEQ);
+    } else if (restore_event != nullptr) {
+      driver.cuStreamWaitEvent(d.offload, restore_event, 0);
+    }
+  }
+  Unmap unmap;
+  unmap.slot = job.slot;
+  unmap.bytes = slot->bytes;
+  unmap.copied = job.with_data;
+  unmap.start = spare_event(d);
+  unmap.done = spare_event(d);
+  driver.cuEventRecord(unmap.start, d.offload);
+  if (job.with_data) {
+    const CUresult rc = with_retries(
+        [&] { return driver.cuMemcpyDtoHAsync(host, slot->va, slot->bytes, d.offload); });
+    if (rc != CUDA_SUCCESS) {
+      // Nothing lost: the slot keeps its pages and its data (invariant 7).
+      log().error("{}; the slot stays resident",
+                  cuda_failure("cuMemcpyDtoHAsync", rc, slot->describe()));
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(job.slot);
+      if (e != nullptr) {
+        ++e->evictions_done;
+        if (e->where == Where::releasing) {
+          e->where = Where::resident;
+          d.committed += e->pages;
+        }
+      }
+      d.spare_events.push_back(unmap.start);
+      d.spare_events.push_back(unmap.done);
+      changed_.notify_all();
+      return;
+    }
+  }
+  driver.cuEventRecord(unmap.done, d.offload);
+  unmap.queued_ns = trace::now_ns();
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++d.unmaps_in_flight;
+  d.unmaps.push_back(unmap);
+  d.unmaps_cv.notify_all();
+}
+
+// A timing event from the device's spares, or a new one.
+CUevent Residency::spare_event(Device& d) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!d.spare_events.empty()) {
+      CUevent event = d.spare_events.back();
+      d.spare_events.pop_back();
+      return event;
+    }
+  }
+  CUevent event = nullptr;
+  ContextScope scope(drv(), d.context);
+  if (drv().cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+    die("cuEventCreate failed for a copy's timing on device " + std::to_string(d.ordinal));
+  }
+  return event;
+}
+
+// Restore copies complete in order on the restore stream: this thread waits for each, counts it
+// and writes its `h2d` event with the time the device took.
+void Residency::run_completions(Device& d) {
+  const Driver& driver = drv();
+  become_worker(driver, d.context, "vaswap-cpl" + std::to_string(d.ordinal));
+  for (;;) {
+    Copied copied;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      d.copies_cv.wait(lock, [&d] { return !d.copies.empty(); });
+      copied = d.copies.front();
+      d.copies.pop_front();
+    }
+    const CUresult rc = wait_event(copied.end);
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuEventQuery", rc,
+                       "the restore copy of slot " + std::to_string(copied.slot) + " on device " +
+                           std::to_string(d.ordinal)));
+    }
+    const uint64_t done_ns = trace::now_ns();
+    float ms = 0;
+    driver.cuEventElapsedTime(&ms, copied.start, copied.end);
+    engine().count_copy(false, copied.bytes);
+    if (trace::enabled()) {
+      const auto back_ns = static_cast<uint64_t>(ms * 1e6f);
+      trace::Record(trace::Event::h2d)
+          .at(done_ns - std::min(back_ns, done_ns))
+          .add("slot", copied.slot)
+          .hex("va", copied.va)
+          .add("bytes", copied.bytes)
+          .add("device", d.ordinal)
+          .hex("stream", stream_id(d.restore))
+          .add("batch", copied.slot)
+          .add("dur_us", static_cast<double>(ms) * 1e3)
+          .emit();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --d.h2d_in_flight;
+      d.spare_events.push_back(copied.start);
+      d.spare_events.push_back(copied.end);
+    }
+    changed_.notify_all();
+  }
+}
+
+void Residency::run_unmapper(Device& d) {
+  const Driver& driver = drv();
+  become_worker(driver, d.context, "vaswap-unm" + std::to_string(d.ordinal));
+  for (;;) {
+    Unmap unmap;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      d.unmaps_cv.wait(lock, [&d] { return !d.unmaps.empty(); });
+      unmap = d.unmaps.front();
+      d.unmaps.pop_front();
+    }
+    const CUresult rc = wait_event(unmap.done);
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuEventQuery", rc,
+                       "the eviction of slot " + std::to_string(unmap.slot) + " on device " +
+                           std::to_string(d.ordinal) +
+                           " (its last uses or its D2H did not complete)"));
+    }
+    float ms = 0;
+    driver.cuEventElapsedTime(&ms, unmap.start, unmap.done);
+    Slot* slot = nullptr;
+    CUdeviceptr slot_va = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      d.spare_events.push_back(unmap.start);
+      d.spare_events.push_back(unmap.done);
+      Entry* e = by_id_locked(unmap.slot);
+      if (e != nullptr && !e->forgotten) {
+        e->unmapping = true;
+        e->busy = true;
+        slot = e->slot;
+        slot_va = slot->va;
+      }
+    }
+    if (unmap.copied) {
+      engine().count_copy(true, unmap.bytes);
+      if (trace::enabled()) {
+        trace::Record(trace::Event::d2h)
+            .hex("va", slot_va)
+            .at(unmap.queued_ns -
+                std::min<uint64_t>(unmap.queued_ns, static_cast<uint64_t>(ms * 1e6f)))
+            .add("slot", unmap.slot)
+            .add("bytes", unmap.bytes)
+            .add("device", d.ordinal)
+            .hex("stream", stream_id(d.offload))
+            .add("batch", unmap.slot)
+            .add("dur_us", static_cast<double>(ms) * 1e3)
+            .emit();
+      }
+    }
+    if (slot == nullptr) {  // freed meanwhile
+      std::lock_guard<std::mutex> lock(mutex_);
+      --d.unmaps_in_flight;
+      continue;
+    }
+    std::string failure;
+    const CUresult unmapped = with_retries([&] {
+      try {
+        engine().unback(slot, BatchTiming{unmap.slot, 0, trace::us_since(unmap.queued_ns)});
+        return CUDA_SUCCESS;
+      } catch (const Error& error) {
+        failure = error.what();
+        return CUDA_ERROR_UNKNOWN;
+      }
+    });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(unmap.slot);
+      if (e != nullptr) {
+        e->busy = false;
+        e->unmapping = false;
+        ++e->evictions_done;
+        if (unmapped == CUDA_SUCCESS) {
+          e->mapped = false;
+          if (e->where == Where::releasing) e->where = Where::offloaded;  // else: restore queued
+          d.physical -= e->pages;
+          stats_.resident_bytes -= e->pages;
+        } else {
+          // Still mapped, data intact: it stays resident (invariant 7).
+          if (e->where == Where::releasing) {
+            e->where = Where::resident;
+            d.committed += e->pages;
+          }
+          log().error("an eviction's unmap failed, the slot stays resident: {}", failure);
+        }
+      }
+      --d.unmaps_in_flight;
+    }
+    changed_.notify_all();
+  }
+}
+
+}  // namespace
+
+// =============================================================================================
+// The interface
+// =============================================================================================
+
+void configure(const Settings& settings) { the().configure(settings); }
+void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
+void forget(Slot* slot) { the().forget(slot); }
+CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
+                 Acquired* acquired, std::string* message) {
+  return the().acquire(slots, stream, what, acquired, message);
+}
+void used(const Acquired& acquired) { the().used(acquired); }
+void evict(const std::vector<Slot*>& slots, const char* cause) { the().evict(slots, cause); }
+void prefetch(const std::vector<Slot*>& slots) { the().prefetch(slots); }
+void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_schedule(uses); }
+void at_position(int position) { the().at_position(position); }
+uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
+uint64_t budget(int device) { return the().budget(device); }
+CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
+  return the().back_for_capture(slots, message);
+}
+Stats stats() { return the().stats(); }
+
+}  // namespace vaswap::residency

@@ -1,0 +1,119 @@
+// Residency: which of the preload's slots hold device pages, within a budget, and the device-side
+// handshakes that make a slot's pages and data arrive before any work that uses it runs
+// (DESIGN.md section 5, invariants 2, 3, 10, 11 and 12).
+//
+// A slot the preload makes reserves its address at once and gets pages only before its first
+// use. Before a graph launch or an eager kernel, copy or memset, acquire() makes the slots it uses
+// resident: pages mapped, data copied back. Doing so may go over the budget; then slots that this
+// launch does not need are evicted (D2H to pinned host memory after their last use, then unmap),
+// farthest next use first once a schedule is known (set_schedule), least recently used before.
+//
+// The application's thread only decides and enqueues. Each device has two vaswap threads: the
+// mover, which takes jobs in the order they were decided (submits evictions' D2H copies; maps
+// restores once the budget has room, copies their data back and publishes completion), and the
+// unmapper, which unmaps each eviction once its D2H has completed. Completion reaches the
+// launching stream on the device: the mover writes the slot's flag (cuStreamWriteValue32 after
+// the H2D) and the stream waits for it (cuStreamWaitValue32), so the application's thread never
+// waits for vaswap's workers. Where stream memory operations are unsupported, or can deadlock
+// (CUDA_DEVICE_MAX_CONNECTIONS=1: a stream parked on a wait holds every other stream's work
+// behind it), the host handshake stands in: the application's thread waits until the restore
+// was submitted and the stream waits for its event.
+//
+// Every wait is bounded (residency.wait_limit) and checks the device's health; a stuck
+// handshake is a named error. A launch whose slots cannot fit the budget at all gets the API's
+// out-of-memory error.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vaswap {
+
+struct Slot;
+
+namespace residency {
+
+enum class Handshake { automatic, device, host };
+
+struct Settings {
+  uint64_t budget_bytes = 0;   // 0: auto (what the device has, less the reserve)
+  uint64_t reserve_bytes = 0;  // auto budget only; 0: auto (min(512 MiB, 1/32 of the device))
+  Handshake handshake = Handshake::automatic;
+  uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
+  uint64_t host_limit_bytes = 0;  // pinned host memory for evicted slots; 0: no limit
+};
+
+// Called once, at start.
+void configure(const Settings& settings);
+
+// A slot the preload made. `backed`: it has its pages already (made outside a capture).
+void adopt(Slot* slot, bool backed);
+// The slot is about to be destroyed: its jobs finish (bounded), its host copy goes back.
+void forget(Slot* slot);
+
+// What acquire() holds until the launch is enqueued: the slots cannot be evicted meanwhile.
+struct Acquired {
+  std::vector<Slot*> slots;
+  CUstream stream = nullptr;
+  size_t waits = 0;     // slots whose restore the stream waits for
+  size_t demanded = 0;  // of them, restored for this launch rather than ahead (first maps
+                        // of never-used slots are not counted)
+  uint64_t demanded_bytes = 0;
+  bool host_waited = false;  // host handshake: this thread waited for a restore's submission
+  double host_wait_us = 0;
+};
+
+// Before work on `stream` that uses `slots` (each listed once). `what` names the work in errors
+// ("cudaGraphLaunch of graph 0x…"). On success the stream waits (on the device, or the host
+// waited) for every slot's pages and data. CUDA_ERROR_OUT_OF_MEMORY: they cannot fit the budget
+// at once, or a restore failed; `message` says why, nothing was enqueued, the data stays safe.
+CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
+                 Acquired* acquired, std::string* message);
+// After the work was enqueued: the slots were used on the stream (their next eviction waits for
+// that use), and may be evicted again.
+void used(const Acquired& acquired);
+
+// The plan's actions. evict: offload `slots` that are resident and not in use now (after their
+// last use). prefetch: start restoring `slots` that are away, evicting others if the budget says
+// so. Neither waits.
+void evict(const std::vector<Slot*>& slots, const char* cause);
+void prefetch(const std::vector<Slot*>& slots);
+
+// The learned period, for choosing what to evict: per position, the slots used there. Empty
+// clears it (least recently used from then on). at_position() moves the current position.
+void set_schedule(const std::vector<std::vector<Slot*>>& uses_by_position);
+void at_position(int position);
+
+// The budget of `device` now (auto: read from the device).
+uint64_t budget(int device);
+
+// The program's own allocation on `device` failed for want of memory: evict slots that no
+// launch in flight needs until `bytes` more are free, waiting (bounded) for their copies.
+// Returns the bytes of pages given back.
+uint64_t make_room(int device, uint64_t bytes);
+
+// Copies and memsets recorded into a capture need their addresses mapped: backs `slots` now
+// (waiting until they are mapped), without recording anything on the capturing stream and
+// without evicting. CUDA_ERROR_OUT_OF_MEMORY, with `message`, when the budget has no room.
+CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+
+struct Stats {
+  uint64_t budget_bytes = 0;    // the last budget computed (the first device with slots)
+  uint64_t resident_bytes = 0;  // pages slots hold now
+  uint64_t peak_resident = 0;   // most pages slots held at once
+  uint64_t evictions = 0, restores = 0, first_maps = 0;
+  uint64_t distinct_evicted = 0;  // slots evicted at least once
+  uint64_t evictions_budget = 0, evictions_plan = 0, evictions_program = 0;
+  uint64_t oom_launches = 0;  // launches refused with out-of-memory
+  uint64_t host_waits = 0;    // host handshakes that had to wait for a worker
+  double host_wait_us = 0;
+  uint64_t host_bytes = 0;        // pinned bytes held for evicted slots
+  bool device_handshake = false;  // stream memory operations in use
+};
+Stats stats();
+
+}  // namespace residency
+}  // namespace vaswap

@@ -1,0 +1,334 @@
+// Residency (core/residency.h) on the simulator: lazy backing, the budget, which slot is evicted,
+// the program's own out-of-memory, launches that cannot fit, the host-pool limit, the device and
+// host handshakes, and the watchdog. Each test drives residency as the preload's hooks do:
+// acquire() before the work, used() after it, and checks real state: what the slots hold (every
+// word), whether their pages are mapped, and what the simulated device has physically.
+#include <cuda.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "../sim/tests/sim_test.h"
+#include "engine.h"
+#include "residency.h"
+
+namespace vaswap {
+namespace {
+
+constexpr size_t kPage = 2u << 20;  // one VMM granule: each test slot is one page
+constexpr uint32_t kWords = kPage / sizeof(uint32_t);
+
+class ResidencyTest : public SimTest {
+ protected:
+  void SetUp() override {
+    SimTest::SetUp();
+    configure(4 * kPage);
+    ASSERT_CU(cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+  }
+  void TearDown() override {
+    for (Slot* slot : slots_) {
+      residency::forget(slot);
+      engine().destroy_slot(slot);
+    }
+    cuStreamDestroy(stream_);
+    SimTest::TearDown();
+  }
+  static void configure(uint64_t budget, uint64_t host_limit = 0,
+                        residency::Handshake handshake = residency::Handshake::automatic) {
+    residency::Settings s;
+    s.budget_bytes = budget;
+    s.host_limit_bytes = host_limit;
+    s.handshake = handshake;
+    s.wait_limit_ns = 5000000000;
+    residency::configure(s);
+  }
+  // A slot as the preload makes one during a capture: its address, no pages.
+  Slot* make_slot(int device = 0) {
+    Slot* slot = engine().create_slot(device, kPage, /*intercepted=*/true, /*backed=*/false);
+    residency::adopt(slot, false);
+    slots_.push_back(slot);
+    return slot;
+  }
+  bool mapped(Slot* slot) { return engine().info(slot).mapped == 1; }
+  // Work on the stream that uses `slots`, as a launch would: acquire, enqueue, used.
+  CUresult use(const std::vector<Slot*>& slots, const std::function<void()>& work,
+               std::string* message = nullptr) {
+    residency::Acquired acquired;
+    std::string why;
+    const CUresult rc = residency::acquire(slots, stream_, "a test launch", &acquired, &why);
+    if (message != nullptr) *message = why;
+    if (rc != CUDA_SUCCESS) return rc;
+    work();
+    residency::used(acquired);
+    return CUDA_SUCCESS;
+  }
+  // Fills a slot with a pattern of its own, on the stream.
+  void fill(Slot* slot, uint32_t seed) {
+    ASSERT_EQ(CUDA_SUCCESS,
+              use({slot}, [&] { ASSERT_CU(cuMemsetD32Async(slot->va, seed, kWords, stream_)); }));
+  }
+  // Reads a slot back (after making it resident) and checks every word.
+  void expect_holds(Slot* slot, uint32_t seed) {
+    std::vector<uint32_t> host(kWords, 0);
+    ASSERT_EQ(CUDA_SUCCESS, use({slot}, [&] {
+                ASSERT_CU(cuMemcpyDtoHAsync(host.data(), slot->va, kPage, stream_));
+              }));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    const auto wrong =
+        std::count_if(host.begin(), host.end(), [seed](uint32_t w) { return w != seed; });
+    EXPECT_EQ(wrong, 0) << "slot " << slot->id << " lost " << wrong << " words of " << kWords;
+  }
+  // Waits until the slots' pages are as given (the unmapper works on its own thread).
+  void wait_mapped(const std::vector<Slot*>& slots, bool want) {
+    for (int i = 0; i < 2000; ++i) {
+      bool all = true;
+      for (Slot* slot : slots) all = all && mapped(slot) == want;
+      if (all) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ADD_FAILURE() << "slots did not reach mapped=" << want;
+  }
+
+  CUstream stream_ = nullptr;
+  std::vector<Slot*> slots_;
+};
+
+TEST_F(ResidencyTest, ASlotGetsPagesAtItsFirstUseNotBefore) {
+  const unsigned long long before = vaswapSimPhysicalBytes(0);
+  Slot* slot = make_slot();
+  EXPECT_FALSE(mapped(slot));
+  EXPECT_EQ(vaswapSimPhysicalBytes(0), before) << "a reserved slot holds no memory";
+  fill(slot, 7);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_TRUE(mapped(slot));
+  EXPECT_EQ(vaswapSimPhysicalBytes(0), before + kPage);
+  expect_holds(slot, 7);
+}
+
+TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
+  configure(3 * kPage);
+  std::vector<Slot*> slots;
+  for (uint32_t i = 0; i < 6; ++i) {
+    slots.push_back(make_slot());
+    fill(slots.back(), 100 + i);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    uint64_t held = 0;
+    for (Slot* s : slots) held += mapped(s) ? kPage : 0;
+    EXPECT_LE(held, 3 * kPage) << "after slot " << i;
+  }
+  for (uint32_t i = 0; i < 6; ++i) expect_holds(slots[i], 100 + i);
+  EXPECT_LE(residency::stats().peak_resident, 3 * kPage);
+  EXPECT_GE(residency::stats().evictions, 3u);
+}
+
+TEST_F(ResidencyTest, WithoutAScheduleTheLeastRecentlyUsedLeaves) {
+  configure(2 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  fill(a, 1);
+  fill(b, 2);
+  fill(a, 3);  // a is now the more recent
+  fill(c, 4);  // room for c: b goes
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({b}, false);
+  EXPECT_TRUE(mapped(a));
+  EXPECT_TRUE(mapped(c));
+  expect_holds(b, 2);
+}
+
+TEST_F(ResidencyTest, WithAScheduleTheFarthestNextUseLeaves) {
+  configure(2 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  // The period: a, b, c, a. At position 2 (c), a is needed next (position 3), b only at 1 of the
+  // next period: b leaves although a was used first.
+  residency::set_schedule({{a}, {b}, {c}, {a}});
+  residency::at_position(0);
+  fill(a, 1);
+  residency::at_position(1);
+  fill(b, 2);
+  residency::at_position(2);
+  fill(c, 3);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({b}, false);
+  EXPECT_TRUE(mapped(a));
+  residency::set_schedule({});
+  expect_holds(b, 2);
+}
+
+TEST_F(ResidencyTest, ALaunchThatCannotFitGetsOutOfMemoryAndNothingRuns) {
+  configure(2 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  fill(a, 5);
+  std::string message;
+  bool ran = false;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, use(
+                                          {a, b, c}, [&] { ran = true; }, &message));
+  EXPECT_FALSE(ran);
+  EXPECT_NE(message.find("needs 6 MiB of slots on device 0 at once, more than the residency "
+                         "budget of 4 MiB"),
+            std::string::npos)
+      << message;
+  expect_holds(a, 5);
+  EXPECT_GE(residency::stats().oom_launches, 1u);
+}
+
+TEST_F(ResidencyTest, TheHostPoolLimitRefusesAnEvictionByName) {
+  configure(1 * kPage, /*host_limit=*/kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  fill(a, 1);
+  fill(b, 2);  // a leaves: its one page of host copy is the limit
+  std::string message;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, use(
+                                          {c}, [] {}, &message));
+  EXPECT_NE(message.find("host_pool.limit (2 MiB) is reached"), std::string::npos) << message;
+  expect_holds(b, 2);
+  configure(1 * kPage, /*host_limit=*/2 * kPage);  // room for b's copy: a can come back
+  expect_holds(a, 1);
+}
+
+TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
+  configure(4 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  fill(a, 1);
+  fill(b, 2);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  const unsigned long long before = vaswapSimPhysicalBytes(0);
+  EXPECT_EQ(residency::make_room(0, 3 * kPage), 2 * kPage);
+  EXPECT_FALSE(mapped(a));
+  EXPECT_FALSE(mapped(b));
+  EXPECT_EQ(vaswapSimPhysicalBytes(0), before - 2 * kPage);
+  expect_holds(a, 1);
+  expect_holds(b, 2);
+}
+
+TEST_F(ResidencyTest, TheStreamWaitsOnTheDeviceAndTheHostDoesNot) {
+  configure(1 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  fill(a, 11);
+  fill(b, 12);  // a leaves
+  // a comes back: the stream is parked on its flag until the restore lands; the host goes on.
+  residency::Acquired acquired;
+  std::string message;
+  ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+  EXPECT_FALSE(acquired.host_waited);
+  EXPECT_EQ(acquired.waits, 1u);
+  EXPECT_EQ(acquired.demanded, 1u);
+  std::vector<uint32_t> host(kWords, 0);
+  ASSERT_CU(cuMemcpyDtoHAsync(host.data(), a->va, kPage, stream_));
+  residency::used(acquired);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_EQ(std::count(host.begin(), host.end(), 11u), static_cast<long>(kWords));
+  EXPECT_TRUE(residency::stats().device_handshake);
+}
+
+// Device 1 starts without stream memory operations, device 2 with CUDA_DEVICE_MAX_CONNECTIONS=1:
+// both use the host handshake, and the data comes back the same.
+TEST_F(ResidencyTest, WithoutStreamMemoryOperationsTheHostHandshakeStandsIn) {
+  for (int device : {1, 2}) {
+    bind_device(device);
+    CUstream stream = nullptr;
+    ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    std::swap(stream, stream_);
+    configure(1 * kPage);
+    if (device == 1) vaswapSimSetMemopsSupported(0);
+    if (device == 2) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+    Slot* a = make_slot(device);
+    vaswapSimSetMemopsSupported(1);
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    Slot* b = make_slot(device);
+    fill(a, 21);
+    fill(b, 22);
+    residency::Acquired acquired;
+    std::string message;
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+    EXPECT_TRUE(acquired.host_waited) << "device " << device;
+    residency::used(acquired);
+    expect_holds(a, 21);
+    expect_holds(b, 22);
+    for (Slot* slot : {a, b}) {
+      residency::forget(slot);
+      engine().destroy_slot(slot);
+      slots_.erase(std::find(slots_.begin(), slots_.end(), slot));
+    }
+    std::swap(stream, stream_);
+    ASSERT_CU(cuStreamDestroy(stream));
+    bind_device(0);
+  }
+}
+
+// Slots on two devices, driven from one thread: each device's budget, streams and events are its
+// own (DESIGN.md invariant 6).
+TEST_F(ResidencyTest, TwoDevicesFromOneThreadKeepTheirOwnBudgets) {
+  configure(1 * kPage);
+  Slot* a0 = make_slot(0);
+  Slot* b0 = make_slot(0);
+  fill(a0, 31);
+  bind_device(3);
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  std::swap(other, stream_);
+  Slot* a3 = make_slot(3);
+  Slot* b3 = make_slot(3);
+  fill(a3, 41);
+  fill(b3, 42);  // a3 leaves device 3; nothing of device 0 moves
+  std::swap(other, stream_);
+  bind_device(0);
+  fill(b0, 32);  // a0 leaves device 0
+  expect_holds(a0, 31);
+  std::swap(other, stream_);
+  bind_device(3);
+  expect_holds(a3, 41);
+  expect_holds(b3, 42);
+  std::swap(other, stream_);
+  bind_device(0);
+  ASSERT_CU(cuStreamDestroy(other));
+  expect_holds(b0, 32);
+}
+
+// A handshake that cannot complete (the stream an eviction waits for never gets there) becomes a
+// named error and the end of the process, within residency.wait_limit: never a silent hang.
+TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
+  EXPECT_EXIT(
+      {
+        residency::Settings s;
+        s.budget_bytes = 1 * kPage;
+        s.wait_limit_ns = 300000000;  // 0.3 s
+        residency::configure(s);
+        Slot* a = make_slot();
+        Slot* b = make_slot();
+        fill(a, 1);
+        Gate never;  // holds the stream: a's use never completes
+        cuLaunchHostFunc(stream_, Gate::wait_fn, &never);
+        fill(b, 2);  // a must leave after its use: its eviction waits forever
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(70), "slot [0-9]+ on device 0 .*invariant 12");
+}
+
+}  // namespace
+}  // namespace vaswap
+
+int main(int argc, char** argv) {
+  // Four simulated devices of 64 MiB: device 1 and 2 for the handshake fallbacks, 3 for two
+  // devices from one thread. Set before the driver's cuInit reads them.
+  setenv("VASWAP_SIM_DEVICES", "4", 1);
+  setenv("VASWAP_SIM_DEVICE_MEMORY", "64MiB", 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Capacity (issue 13) over the simulator: the layered demo (examples/train_layers, 8 layers, 32
+# captured 1 MiB buffers of one 2 MiB page each: 64 MiB of slots, and 66 MiB of the program's own
+# memory) on a simulated device too small for it.
+#   1. 100 MiB: without vaswap it runs out of memory; under vaswap, with the default (auto)
+#      budget and nothing else set, it runs to the checksum of an unconstrained run, and the
+#      device never held more than it has.
+#   2. 80 MiB: the slots held at once stay under half of all slot bytes; same checksum.
+#   3. The program's own allocation (20 MiB more after step 5) fails for want of memory: slots
+#      give pages back and the allocation succeeds; same checksum.
+#   4. The host handshake (residency.handshake=host) and CUDA_DEVICE_MAX_CONNECTIONS=1 (the
+#      simulator's one hardware queue): the same checksums, and the fallback said once.
+# Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+source "$src/tests/integration/preload_common.sh"
+demo=$build/bin/train_layers
+base="selection.min_bytes=1MiB,residency.wait_limit=20s"
+
+want=$("$demo" --quiet --steps 20)
+want_extra=$("$demo" --quiet --steps 20 --extra-mib 20)
+[[ "$want" == checksum* && "$want_extra" == checksum* ]] || fail "the unconstrained runs failed"
+
+# under MEMORY NAME CONF DEMO-ARGS...: vaswap's checksum must be `want` (or `want_extra`).
+under() {
+  local memory=$1 name=$2 conf=$3
+  shift 3
+  local got expect=$want
+  [[ " $* " == *" --extra-mib "* ]] && expect=$want_extra
+  got=$(VASWAP_SIM_DEVICE_MEMORY=$memory VASWAP_CONF="$conf,log.level=info" \
+    run --trace "$tmp/$name.jsonl" -- "$demo" --quiet --steps 20 "$@" 2>"$tmp/err") ||
+    fail "$name: the demo failed under vaswap on a $memory device"
+  [[ "$got" == "$expect" ]] || fail "$name: checksum '$got', unconstrained '$expect'"
+  echo "ok   $name ($memory): $got"
+}
+
+# summary NAME PYTHON: assertions on the exit summary `s` and the events `ev`.
+summary() {
+  python3 - "$tmp/$1.jsonl" <<PY || fail "$1"
+import json, sys
+ev = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+s = next(e for e in ev if e["ev"] == "summary")
+MiB = 1 << 20
+$2
+PY
+}
+
+# 1. Does not fit; runs under vaswap.
+if VASWAP_SIM_DEVICE_MEMORY=100MiB "$demo" --quiet --steps 20 >/dev/null 2>"$tmp/err"; then
+  fail "the demo fits a 100 MiB device without vaswap: the test proves nothing"
+fi
+grep -q "cudaErrorMemoryAllocation" "$tmp/err" || fail "without vaswap: not an out-of-memory"
+echo "ok   without vaswap the demo runs out of memory on a 100 MiB device"
+under 100MiB fits_100 "$base"
+summary fits_100 '
+assert s["peak_used"] <= 100 * MiB, s
+assert s["peak_without_releases"] > 100 * MiB, s  # what it needed without vaswap
+assert s["evictions"] > 0 and s["oom_launches"] == 0 and s["errors"] == 0, s
+assert s["handshake"] == "device" and s["waits"] == 0, s
+first = next(e for e in ev if e["ev"] == "slot_create")
+assert first["backed"] is False, "a slot made during a capture got pages at once"
+used, needed, n = s["peak_used"] / MiB, s["peak_without_releases"] / MiB, s["evictions"]
+print(f"     peak {used:.0f} MiB in use, {needed:.0f} MiB needed without vaswap; {n} evictions")
+'
+
+# 2. Tighter: under half of the slot bytes resident at once.
+under 80MiB tight_80 "$base"
+summary tight_80 '
+assert s["peak_resident"] < 32 * MiB, s  # 64 MiB of slots
+assert s["peak_used"] <= 80 * MiB and s["errors"] == 0, s
+held = s["peak_resident"] / MiB
+print(f"     slots held at most {held:.0f} MiB of their 64")
+'
+
+# 3. The program's own allocation.
+under 100MiB program_oom "$base" --extra-mib 20
+summary program_oom '
+assert s["evictions_program"] > 0, s
+notes = [e for e in ev if e["ev"] == "notice" and "failed for want of memory" in e["message"]]
+assert notes, "no notice for the retried allocation"
+n, message = s["evictions_program"], notes[0]["message"]
+print(f"     {n} slots evicted for the program: {message}")
+'
+
+# 4. The fallbacks.
+under 80MiB host_handshake "$base,residency.handshake=host"
+summary host_handshake '
+assert s["handshake"] == "host" and s["waits"] > 0, s
+'
+CUDA_DEVICE_MAX_CONNECTIONS=1 under 80MiB one_queue "$base"
+summary one_queue '
+assert s["handshake"] == "host", s
+r = next(e for e in ev if e["ev"] == "residency")
+assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in r["why"], r
+'
+[[ $(grep -c "the host handshake" "$tmp/err") == 1 ]] || fail "one_queue: the fallback was not said once"
+echo "ok   the host handshake, forced or for CUDA_DEVICE_MAX_CONNECTIONS=1: same checksums"
+echo "capacity: all checks passed"
