@@ -1,5 +1,5 @@
 # What `cmake --install` puts where, by component. The wheel (pyproject.toml) is the same install
-# with only runtime and python, into the package directory. docs/INSTALL.md shows both layouts.
+# with only runtime and python, into the package directory. docs/BUILD.md shows both layouts.
 #
 #   runtime      libvaswap.so, its private helpers and     lib/
 #                their bundled dependencies

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vaswap installed the two ways its users install software, used from outside the checkout with
-# nothing set (issue 16; docs/INSTALL.md). BUILD is the plain build: its demo, its simulated device
-# and its libvaswap.so are what the installed copies are compared with.
+# nothing set (issue 16; docs/BUILD.md, Installing). BUILD is the plain build: its demo, its
+# simulated device and its libvaswap.so are what the installed copies are compared with.
 #
 #   install_test.sh BUILD SOURCE
 #
