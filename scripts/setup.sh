@@ -15,6 +15,7 @@ packages=(
   clang                                  # the policy fuzzer (libFuzzer)
   binutils                               # nm/readelf for the export-hygiene test
   python3 python3-pytest                 # the Python binding's tests
+  python3-venv                           # the wheel's build tools and its install test (venvs)
 )
 
 missing=()

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # README's test command. Sets up what is missing, then builds and runs the whole suite twice:
 # plain, and with AddressSanitizer + UndefinedBehaviorSanitizer. Warnings are errors. Also
-# checks formatting (clang-format) and lints (clang-tidy).
+# checks formatting (clang-format) and lints (clang-tidy), and installs vaswap the ways its users
+# do (the wheel into a fresh venv, cmake --install to a prefix) and uses it from outside the checkout.
 #
 #   scripts/test.sh              everything (what CI runs)
-#   scripts/test.sh plain        one variant: plain | sanitize | lint
+#   scripts/test.sh plain        one variant: plain | sanitize | lint | install
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -12,7 +13,7 @@ bash scripts/setup.sh
 
 jobs=$(nproc)
 variants=("$@")
-((${#variants[@]})) || variants=(lint plain sanitize)
+((${#variants[@]})) || variants=(lint plain sanitize install)
 
 build_and_test() {
   local name=$1
@@ -32,6 +33,12 @@ for v in "${variants[@]}"; do
       ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
         build_and_test sanitize -DVASWAP_SANITIZE=ON ;;
     lint) bash scripts/lint.sh ;;
-    *) echo "scripts/test.sh: unknown variant '$v' (plain, sanitize, lint)" >&2; exit 2 ;;
+    install)
+      # Compared with the plain build's demo, simulator and library: built here if plain did not run.
+      echo "=== vaswap: install (the wheel and cmake --install, tests/install/install_test.sh)"
+      cmake -S . -B build/plain -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVASWAP_WERROR=ON >/dev/null
+      cmake --build build/plain -j"$jobs" --target vaswap train_layers >/dev/null
+      bash tests/install/install_test.sh build/plain "$root" ;;
+    *) echo "scripts/test.sh: unknown variant '$v' (plain, sanitize, lint, install)" >&2; exit 2 ;;
   esac
 done

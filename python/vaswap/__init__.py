@@ -13,12 +13,16 @@
 Streams are torch.cuda.Stream objects, raw handles (int), or None for torch's current stream
 (the legacy default stream when torch is absent). Every failure raises VaswapError with the
 library's message. The C API (include/vaswap/vaswap.h) documents each call.
+
+libvaswap.so is loaded at the first call: VASWAP_LIBRARY if set, else the one this process
+preloads, else the one installed with this package (pip or cmake --install), else a checkout's
+build. vaswap.version() is the library's version, vaswap.__version__ the package's.
 """
 
 import ctypes
 import weakref
 
-from . import _dlpack, _lib
+from . import _dlpack, _layout, _lib
 
 __all__ = [
     "VaswapError", "Slot", "HostBuffer", "Remap", "release_after", "offload_after",
@@ -26,7 +30,8 @@ __all__ = [
     "workers_init", "set_serial_driver_calls", "trace_open", "trace_close", "version",
 ]
 
-_c = _lib.load()
+_c = _lib.Library()  # libvaswap.so, loaded at the first call
+__version__ = _layout.version()
 
 OK = 0
 NOT_READY = 7
@@ -86,7 +91,7 @@ class _Owned:
     """An owned C handle (`_ptr`), released once by close() or when garbage-collected."""
 
     _kind = "handle"
-    _release = None  # the C call that frees the handle
+    _release = None  # the name of the C call that frees the handle
 
     def _handle(self):
         if not self._ptr:
@@ -96,7 +101,7 @@ class _Owned:
     def close(self):
         if self._ptr:
             handle, self._ptr = self._ptr.value, ctypes.c_void_p()
-            _check(type(self)._release(handle))
+            _check(getattr(_c, type(self)._release)(handle))
 
     def __del__(self):
         try:
@@ -113,7 +118,7 @@ class Slot(_Owned):
     work, frees pages and address); tensors over it must not be used afterwards."""
 
     _kind = "slot"
-    _release = _c.vaswap_slot_destroy
+    _release = "vaswap_slot_destroy"
 
     def __init__(self, shape=None, dtype=None, device=None, strides=None, nbytes=None):
         if device is None:
@@ -237,7 +242,7 @@ class HostBuffer(_Owned):
     """A pinned host buffer from vaswap's pool (vaswap_host_alloc); close() returns it."""
 
     _kind = "host buffer"
-    _release = _c.vaswap_host_free
+    _release = "vaswap_host_free"
 
     def __init__(self, nbytes):
         self.nbytes = int(nbytes)
@@ -267,7 +272,7 @@ class Remap(_Owned):
     the remap and unmaps pages that no slot adopted."""
 
     _kind = "remap"
-    _release = _c.vaswap_remap_destroy
+    _release = "vaswap_remap_destroy"
 
     def __init__(self, handle, slots):
         self._ptr = handle

@@ -2,9 +2,8 @@
 
 import ctypes
 import os
-import pathlib
 
-_REPO = pathlib.Path(__file__).resolve().parents[2]
+from . import _layout
 
 
 class SlotInfo(ctypes.Structure):
@@ -109,13 +108,21 @@ def _candidates():
     explicit = os.environ.get("VASWAP_LIBRARY")
     if explicit:
         return [explicit]
-    found = [_already_loaded()]
-    found += [str(p) for p in sorted(_REPO.glob("build/*/lib/libvaswap.so"))]
+    found = [_already_loaded(), str(_layout.library())]
+    if not _layout.installed():  # a checkout built in another build directory
+        found += [str(p) for p in sorted(_layout.CHECKOUT.glob("build/*/lib/libvaswap.so"))]
     found.append("libvaswap.so")  # LD_LIBRARY_PATH
-    return [p for p in found if p]
+    return list(dict.fromkeys(p for p in found if p))
+
+
+_loaded = None
 
 
 def load():
+    """libvaswap.so with the C API declared; loaded once, at the first call that needs it."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
     errors = []
     for path in _candidates():
         try:
@@ -133,8 +140,18 @@ def load():
         lib.vaswap_status_name.argtypes = [ctypes.c_int]
         lib.vaswap_version.restype = ctypes.c_char_p
         lib.vaswap_version.argtypes = []
+        _loaded = lib
         return lib
     raise ImportError(
-        "vaswap: cannot load libvaswap.so; build it (scripts/test.sh or cmake) or set "
-        "VASWAP_LIBRARY=/path/to/libvaswap.so. Tried: " + "; ".join(errors)
+        "vaswap: cannot load libvaswap.so; build it (scripts/test.sh or cmake), install vaswap "
+        "(pip install), or set VASWAP_LIBRARY=/path/to/libvaswap.so. Tried: " + "; ".join(errors)
     )
+
+
+class Library:
+    """libvaswap.so, loaded at its first use rather than at import: the command line
+    (vaswap._cli) imports this package only to name the library to LD_PRELOAD, and must not
+    map it (a sanitizer build cannot even be loaded into an uninstrumented python)."""
+
+    def __getattr__(self, name):
+        return getattr(load(), name)

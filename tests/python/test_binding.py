@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+# This checkout's python/vaswap; tests/install/install_test.sh sets VASWAP_TEST_INSTALLED=1 to
+# test the package pip installed instead (and its library, found with nothing set).
+if not os.environ.get("VASWAP_TEST_INSTALLED"):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 import vaswap  # noqa: E402
 
 MiB = 1 << 20

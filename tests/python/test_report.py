@@ -1,4 +1,4 @@
-"""`vaswap report` over traces the simulator makes (scripts/vaswap_report.py).
+"""`vaswap report` over traces the simulator makes (python/vaswap/_report.py).
 
 The traces come from the layered demo (examples/train_layers) run under vaswap on the simulated
 device, as tests/integration/planner_test.sh runs it: once in rules mode, whose offloads are
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import vaswap_report  # noqa: E402
+sys.path.insert(0, str(ROOT / "python"))
+from vaswap import _report as vaswap_report  # noqa: E402
 
 BUILD = pathlib.Path(os.environ.get("VASWAP_BUILD", ROOT / "build" / "plain"))
 DEMO = BUILD / "bin" / "train_layers"

@@ -16,7 +16,9 @@ import pathlib
 import re
 import sys
 
-DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "TRACE.md"
+from . import _layout
+
+DOC = _layout.trace_doc()  # docs/TRACE.md; installed beside this module
 # Format versions this reader understands. A later version only adds fields and events
 # (docs/TRACE.md, Versions), so an unknown newer version is read with a warning.
 KNOWN_VERSIONS = {1}
@@ -514,6 +516,13 @@ def main(args):
     if missing:
         print(f"vaswap report: no such trace: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("vaswap report: --plots needs matplotlib, an extra: pip install 'vaswap[report]'",
+                  file=sys.stderr)
+            return 2
     try:
         runs = read_traces(args.traces, show_progress=not args.no_progress)
     except TraceError as e:
