@@ -361,7 +361,13 @@ const Key* find_key(const std::string& key) {
 std::string suggestion(const std::string& key) {
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
+  const size_t limit = std::max<size_t>(2, key.size() / 4);
   auto consider = [&](const std::string& candidate) {
+    // The length difference bounds the distance from below: skip what cannot be close, so that
+    // a long key costs no quadratic work per schema key.
+    const size_t gap = key.size() > candidate.size() ? key.size() - candidate.size()
+                                                     : candidate.size() - key.size();
+    if (gap > limit) return;
     const size_t d = edit_distance(key, candidate);
     if (d < best_distance) {
       best_distance = d;
@@ -371,20 +377,25 @@ std::string suggestion(const std::string& key) {
   for (const Key& k : kSchema) consider(k.key);
   for (const char* field : kRuleFields) consider(std::string("rules[0].") + field);
   // A misspelt last component ("selection.min_byte") or section ("selction.min_bytes").
-  if (best_distance <= std::max<size_t>(2, key.size() / 4))
-    return "; did you mean \"" + best + "\"?";
+  if (best_distance <= limit) return "; did you mean \"" + best + "\"?";
   return "; see docs/POLICY.md for the keys";
+}
+
+// A value or key as a message quotes it: whole when short, else its start and its size.
+std::string quoted(const std::string& text) {
+  constexpr size_t kShown = 100;
+  if (text.size() <= kShown) return '"' + text + '"';
+  return '"' + text.substr(0, kShown) + "...\" (" + std::to_string(text.size()) + " bytes)";
 }
 
 std::string must(const PolicyValue& v, const char* expected) {
   std::string m = v.where;
   m += ": ";
-  m += v.key;
+  m += v.key.size() <= 100 ? v.key : quoted(v.key);
   m += " must be ";
   m += expected;
-  m += ", got \"";
-  m += v.value;
-  m += '"';
+  m += ", got ";
+  m += quoted(v.value);
   return m;
 }
 
@@ -489,6 +500,12 @@ bool expandable_segments_enabled(const std::string& alloc_conf) {
 
 std::vector<PolicyValue> conf_values(const std::string& text, std::vector<std::string>* errors) {
   std::vector<PolicyValue> values;
+  if (text.size() > kMaxPolicyBytes) {
+    errors->push_back("VASWAP_CONF: " + std::to_string(text.size()) + " bytes, over the 1 MiB (" +
+                      std::to_string(kMaxPolicyBytes) +
+                      " bytes) vaswap reads; put the settings in a policy file (VASWAP_POLICY)");
+    return values;
+  }
   for (const std::string& raw : split(text, ',')) {
     const std::string item = trim(raw);
     if (item.empty()) continue;
@@ -527,7 +544,8 @@ std::vector<PolicyValue> scalar_values(const std::string& file,
       continue;
     }
     if (!seen.insert(s.path).second) {
-      errors->push_back(where + ": " + s.path + " is given twice");
+      errors->push_back(where + ": " + (s.path.size() <= 100 ? s.path : quoted(s.path)) +
+                        " is given twice");
       continue;
     }
     // selection.include[2] -> one value "a;b;c" for selection.include
@@ -599,8 +617,8 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {
         }
         (field == "after" ? rule.after : rule.before) = value;
       } else {
-        load->errors.push_back(v.where + ": unknown key \"" + v.key +
-                               "\"; a rule has offload, after and before");
+        load->errors.push_back(v.where + ": unknown key " + quoted(v.key) +
+                               "; a rule has offload, after and before");
         continue;
       }
       load->origins.push_back(v.key + " = " + value + "  (" + v.where + ")");
@@ -608,15 +626,15 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {
     }
     const Key* key = find_key(v.key);
     if (key == nullptr) {
-      load->errors.push_back(v.where + ": unknown key \"" + v.key + "\"" + suggestion(v.key));
+      load->errors.push_back(v.where + ": unknown key " + quoted(v.key) + suggestion(v.key));
       continue;
     }
-    Policy candidate = load->policy;
-    if (!key->set(candidate, v.value)) {
+    // Setters leave the policy unchanged when they fail, so no copy is needed (a copy per value
+    // made a long VASWAP_CONF quadratic: every value copied every list set before it).
+    if (!key->set(load->policy, v.value)) {
       load->errors.push_back(must(v, key->expected));
       continue;
     }
-    load->policy = candidate;
     load->origins.push_back(v.key + " = " + key->show(load->policy) + "  (" + v.where + ")");
   }
   for (size_t i = 0; i < load->policy.rules.size(); ++i) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -276,6 +277,10 @@ const Malformed kMalformed[] = {
   {"just a string\n", "FILE:1:1: a policy is a mapping of keys (mode: auto, selection: ...), got \"just a string\""},
   {"mode: auto\nmode: off\n", "FILE:2:7: mode is given twice"},
   {"mode: [auto\n", "FILE:2:1: end of sequence flow not found"},
+  {"mode: &m auto\nguard: true\n", "FILE:1:7: anchor &m: anchors and aliases are not allowed in a vaswap policy; write the value out"},
+  {"selection: &s\n  min_bytes: 2MiB\n", "FILE:1:12: anchor &s: anchors and aliases are not allowed in a vaswap policy; write the value out"},
+  {"a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "FILE:1:35: the policy nests deeper than 32 levels; a policy needs three at most"},
+  {"? [a, b]\n: c\n", "FILE:1:3: a key must be a plain word such as mode or selection, not a list or a mapping"},
 };
 // clang-format on
 
@@ -399,6 +404,107 @@ TEST(Environment, OffMeansOff) {
   const auto e = read(false, {{"VASWAP_CONF", "mode=off"}});
   EXPECT_FALSE(e.on);
   EXPECT_TRUE(e.notices.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile inputs: each answered with a located error in bounded time and memory
+// ---------------------------------------------------------------------------------------------
+
+// The sanitizers slow the parser several times over; the bound is for the plain build.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kSecondsPerPlainSecond = 5.0;
+#else
+constexpr double kSecondsPerPlainSecond = 1.0;
+#endif
+
+// Runs `body` in a child process that an alarm ends after `seconds`, so that an input that
+// explodes (as aliases once did: minutes and gigabytes) fails this test instead of hanging it.
+// The child exits 0 when `body` returns true.
+template <class Body>
+void in_bounded_time(int seconds, Body body) {
+  EXPECT_EXIT(
+      {
+        alarm(static_cast<unsigned>(seconds));
+        std::_Exit(body() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The "billion laughs": nine levels of nine aliases, 9^9 scalars once expanded, in 342 bytes.
+std::string billion_laughs() {
+  std::string text =
+      "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (char name = 'b'; name <= 'i'; ++name) {
+    text += std::string(1, name) + ": &" + name + " [";
+    for (int i = 0; i < 9; ++i) text += std::string(i ? ",*" : "*") + static_cast<char>(name - 1);
+    text += "]\n";
+  }
+  return text;
+}
+
+TEST(Hostile, BillionLaughsIsRefusedAtItsFirstAnchorInBoundedTime) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  PolicyFile f(billion_laughs());
+  in_bounded_time(10, [&] {
+    const PolicyLoad load = load_policy(f.path(), "");
+    return load.errors.size() == 1 &&
+           load.errors[0] == f.path() +
+                                 ":1:4: anchor &a: anchors and aliases are not allowed in a "
+                                 "vaswap policy; write the value out";
+  });
+}
+
+TEST(Hostile, APolicyOverOneMibIsRefusedWithItsSize) {
+  PolicyFile f("# " + std::string(1 << 20, 'x') + "\n");
+  const PolicyLoad load = load_policy(f.path(), "");
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_EQ(load.errors[0], f.path() +
+                                ": the policy is more than 1048576 bytes, over the 1 MiB (1048576 "
+                                "bytes) vaswap reads; a policy needs a few hundred bytes: check "
+                                "that this is the policy file");
+  std::vector<std::string> errors;
+  text_values(std::string((1 << 20) + 1, ' '), "big.yaml", &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].rfind("big.yaml: the policy is 1048577 bytes, over the 1 MiB", 0), 0u)
+      << errors[0];
+}
+
+TEST(Hostile, OneMibOfKeysIsAnsweredWithinASecond) {
+  std::string text;
+  for (int i = 0; text.size() < (1 << 20) - 32; ++i) text += "key" + std::to_string(i) + ": 1\n";
+  PolicyFile f(text);
+  const auto start = std::chrono::steady_clock::now();
+  const PolicyLoad load = load_policy(f.path(), "");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(load.errors.size(), 50000u);
+  EXPECT_EQ(load.errors[0],
+            f.path() + ":1:7: unknown key \"key0\"; see docs/POLICY.md for the keys");
+  EXPECT_LT(seconds, kSecondsPerPlainSecond);
+}
+
+TEST(Hostile, AHugeValueIsQuotedByItsStartAndSize) {
+  PolicyFile f("mode: " + std::string(500000, 'x') + "\n");
+  const PolicyLoad load = load_policy(f.path(), "");
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_EQ(load.errors[0], f.path() + ":1:7: mode must be off, auto or rules, got \"" +
+                                std::string(100, 'x') + "...\" (500000 bytes)");
+}
+
+TEST(Hostile, ALongVaswapConfListThenManyValuesIsLinear) {
+  // Each value once copied the whole policy, lists included: 40000 patterns times 80000 values.
+  std::string conf = "selection.include=";
+  for (int i = 0; i < 40000; ++i) conf += (i ? ";p" : "p") + std::to_string(i);
+  while (conf.size() < 1000000) conf += ",guard=true";
+  in_bounded_time(10, [&] {
+    const PolicyLoad load = load_policy("", conf);
+    return load.ok() && load.policy.include.size() == 40000;
+  });
+  const PolicyLoad big = load_policy("", std::string((1 << 20) + 1, ','));
+  ASSERT_EQ(big.errors.size(), 1u);
+  EXPECT_EQ(big.errors[0],
+            "VASWAP_CONF: 1048577 bytes, over the 1 MiB (1048576 bytes) vaswap reads; put the "
+            "settings in a policy file (VASWAP_POLICY)");
 }
 
 }  // namespace
