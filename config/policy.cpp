@@ -189,6 +189,9 @@ bool set_patterns(std::vector<std::string>* out, const std::string& value) {
   return true;
 }
 
+// The shortest memory sampling interval: each sample is a cuMemGetInfo call on the sampler thread.
+constexpr uint64_t kMinMemoryIntervalNs = 50000;
+
 // clang-format off
 const Key kSchema[] = {
   {"mode", "off | auto | rules", "off, auto or rules", "auto",
@@ -323,11 +326,15 @@ const Key kSchema[] = {
      p.trace_level = t;
      return true; },
    [](const Policy& p) { return p.trace_level; }},
-  {"trace.memory_interval", "duration", "a duration such as 600us, 2ms or 1s (0 turns it off)", "0 (off)",
-   "Sample the device's free memory (cuMemGetInfo) this often and trace each change.",
+  {"trace.memory_interval", "0 | duration >= 50us", "0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s", "0 (off)",
+   "Sample the device's free memory (cuMemGetInfo) this often and trace each change. Shorter "
+   "than 50us would keep a core busy sampling.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "0") { p.memory_interval_ns = 0; return true; }
-     return parse_duration(v, &p.memory_interval_ns); },
+     uint64_t ns = 0;
+     if (!parse_duration(v, &ns) || (ns != 0 && ns < kMinMemoryIntervalNs)) return false;
+     p.memory_interval_ns = ns;
+     return true; },
    [](const Policy& p) { return p.memory_interval_ns == 0 ? std::string("0") : show_duration(p.memory_interval_ns); }},
   {"log.level", "trace | debug | info | warn | error | off", "trace, debug, info, warn, error or off", "warn",
    "The log's level (VASWAP_LOG_LEVEL sets it too).",

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "intercept.h"
+#include "log.h"
 #include "policy.h"
 
 namespace vaswap {
@@ -115,6 +116,7 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_TRUE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "");
   EXPECT_EQ(p.trace_level, "events");
+  EXPECT_EQ(p.memory_interval_ns, 0u);
   EXPECT_EQ(p.log_level, "warn");
   EXPECT_EQ(p.log_destination, "stderr");
 }
@@ -128,7 +130,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
       "schedule.remap_latency=250us,schedule.max_overhead=2.5%,schedule.byte_budget=8GiB,"
       "guard=false,host_pool.limit=32GiB,host_pool.numa=1,workers.release=2,workers.remap=3,"
       "workers.serial_driver_calls=false,trace.path=/tmp/t_%p_%r_%h.jsonl,trace.level=verbose,"
-      "log.level=info,log.destination=stdout");
+      "trace.memory_interval=50us,log.level=info,log.destination=stdout");
   EXPECT_EQ(p.mode, Mode::off);
   EXPECT_EQ(p.on_error, OnError::passthrough);
   EXPECT_EQ(p.min_bytes, 64ull << 20);
@@ -153,6 +155,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_FALSE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "/tmp/t_%p_%r_%h.jsonl");
   EXPECT_EQ(p.trace_level, "verbose");
+  EXPECT_EQ(p.memory_interval_ns, 50000u);
   EXPECT_EQ(p.log_level, "info");
   EXPECT_EQ(p.log_destination, "stdout");
   EXPECT_EQ(from_conf("selection.device=all").device, -1);
@@ -264,6 +267,8 @@ const Malformed kMalformed[] = {
   {"workers:\n  remap: 9\n", "FILE:2:10: workers.remap must be an integer from 1 to 8, got \"9\""},
   {"workers:\n  serial_driver_calls: sometimes\n", "FILE:2:24: workers.serial_driver_calls must be true or false, got \"sometimes\""},
   {"trace:\n  path: /tmp/t_%d.jsonl\n", "FILE:2:9: trace.path must be a file path in which % is followed only by p, r, h or %, got \"/tmp/t_%d.jsonl\""},
+  {"trace:\n  memory_interval: 1ns\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"1ns\""},
+  {"trace:\n  memory_interval: 49.9us\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"49.9us\""},
   {"trace:\n  level: all\n", "FILE:2:10: trace.level must be off, events or verbose, got \"all\""},
   {"log:\n  level: loud\n", "FILE:2:10: log.level must be trace, debug, info, warn, error or off, got \"loud\""},
   {"log:\n  destination: \"\"\n", "FILE:2:16: log.destination must be stderr, stdout or a file path, got \"\""},
@@ -505,6 +510,36 @@ TEST(Hostile, ALongVaswapConfListThenManyValuesIsLinear) {
   EXPECT_EQ(big.errors[0],
             "VASWAP_CONF: 1048577 bytes, over the 1 MiB (1048576 bytes) vaswap reads; put the "
             "settings in a policy file (VASWAP_POLICY)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// VASWAP_LOG_LEVEL
+// ---------------------------------------------------------------------------------------------
+
+TEST(LogLevel, EveryDocumentedNameInAnyCase) {
+  const std::map<std::string, spdlog::level::level_enum> cases = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
+      {"info", spdlog::level::info},   {"INFO", spdlog::level::info},
+      {"Warn", spdlog::level::warn},   {"error", spdlog::level::err},
+      {"off", spdlog::level::off},
+  };
+  for (const auto& [name, level] : cases) {
+    spdlog::level::level_enum got = spdlog::level::critical;
+    EXPECT_TRUE(log_level_from_name(name, &got)) << name;
+    EXPECT_EQ(got, level) << name;
+  }
+}
+
+TEST(LogLevel, AnUnknownNameIsAnErrorThatListsTheValidOnes) {
+  // spdlog's from_str turns these into off, which silenced every error.
+  for (const char* name : {"loud", "warning", "err", "critical", "", "3"}) {
+    spdlog::level::level_enum got = spdlog::level::critical;
+    EXPECT_FALSE(log_level_from_name(name, &got)) << name;
+    EXPECT_EQ(got, spdlog::level::critical) << name;
+  }
+  EXPECT_EQ(unknown_log_level("loud"),
+            "VASWAP_LOG_LEVEL must be trace, debug, info, warn, error or off, got \"loud\"; the "
+            "log stays at warn");
 }
 
 }  // namespace
