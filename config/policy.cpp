@@ -318,6 +318,12 @@ const Key kSchema[] = {
      p.trace_path = trim(v);
      return true; },
    [](const Policy& p) { return "\"" + p.trace_path + "\""; }},
+  {"trace.overwrite", "bool", "true or false", "false",
+   "Replace a trace file that exists. Off, a trace that would replace one says so and is not "
+   "written (a re-run with the same path keeps the earlier trace); put %p in the path for one "
+   "file per process.",
+   [](Policy& p, const std::string& v) { return parse_bool(v, &p.trace_overwrite); },
+   [](const Policy& p) { return std::string(p.trace_overwrite ? "true" : "false"); }},
   {"trace.level", "off | events | verbose", "off, events or verbose", "events",
    "How much the trace holds: verbose adds every capture-mode change and memory query.",
    [](Policy& p, const std::string& v) {

@@ -115,6 +115,7 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(p.remap_workers, 1);
   EXPECT_TRUE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "");
+  EXPECT_FALSE(p.trace_overwrite);
   EXPECT_EQ(p.trace_level, "events");
   EXPECT_EQ(p.memory_interval_ns, 0u);
   EXPECT_EQ(p.log_level, "warn");
@@ -130,7 +131,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
       "schedule.remap_latency=250us,schedule.max_overhead=2.5%,schedule.byte_budget=8GiB,"
       "guard=false,host_pool.limit=32GiB,host_pool.numa=1,workers.release=2,workers.remap=3,"
       "workers.serial_driver_calls=false,trace.path=/tmp/t_%p_%r_%h.jsonl,trace.level=verbose,"
-      "trace.memory_interval=50us,log.level=info,log.destination=stdout");
+      "trace.overwrite=true,trace.memory_interval=50us,log.level=info,log.destination=stdout");
   EXPECT_EQ(p.mode, Mode::off);
   EXPECT_EQ(p.on_error, OnError::passthrough);
   EXPECT_EQ(p.min_bytes, 64ull << 20);
@@ -155,6 +156,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_FALSE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "/tmp/t_%p_%r_%h.jsonl");
   EXPECT_EQ(p.trace_level, "verbose");
+  EXPECT_TRUE(p.trace_overwrite);
   EXPECT_EQ(p.memory_interval_ns, 50000u);
   EXPECT_EQ(p.log_level, "info");
   EXPECT_EQ(p.log_destination, "stdout");
@@ -267,6 +269,7 @@ const Malformed kMalformed[] = {
   {"workers:\n  remap: 9\n", "FILE:2:10: workers.remap must be an integer from 1 to 8, got \"9\""},
   {"workers:\n  serial_driver_calls: sometimes\n", "FILE:2:24: workers.serial_driver_calls must be true or false, got \"sometimes\""},
   {"trace:\n  path: /tmp/t_%d.jsonl\n", "FILE:2:9: trace.path must be a file path in which % is followed only by p, r, h or %, got \"/tmp/t_%d.jsonl\""},
+  {"trace:\n  overwrite: sometimes\n", "FILE:2:14: trace.overwrite must be true or false, got \"sometimes\""},
   {"trace:\n  memory_interval: 1ns\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"1ns\""},
   {"trace:\n  memory_interval: 49.9us\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"49.9us\""},
   {"trace:\n  level: all\n", "FILE:2:10: trace.level must be off, events or verbose, got \"all\""},
