@@ -5,7 +5,8 @@
 //   life_probe loop          prints "ready" after 20 launches, then launches until killed
 //                            (it gives up after 60 s with exit status 2)
 //   life_probe handler       installs its own SIGTERM handler after vaswap started, prints
-//                            "ready" 2.5 s later and launches until that handler ran; exits 3
+//                            "ready" once vaswap's handler is back in front of it (30 s at
+//                            most) and launches until its own handler ran; exits 3
 //   life_probe fork N        forks N children while a second thread keeps the trace busy; each
 //                            child prints "child PID" and calls exit(0); exits 0
 //   life_probe exec CMD...   launches a few times, then replaces itself with CMD
@@ -80,11 +81,15 @@ int handler(Graph& g) {
   action.sa_handler = on_term;
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
-  while (std::chrono::steady_clock::now() < until) {
+  // vaswap's flusher puts its handler back in front within a second or so.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  struct sigaction current {};
+  do {
     g.launch();
     pause_ms(1);
-  }
+    sigaction(SIGTERM, nullptr, &current);
+  } while ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == on_term &&
+           std::chrono::steady_clock::now() < until);
   ready();
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (g_handled == 0 && std::chrono::steady_clock::now() < end) {
