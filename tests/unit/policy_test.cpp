@@ -418,11 +418,12 @@ TEST(Environment, OffMeansOff) {
 // Hostile inputs: each answered with a located error in bounded time and memory
 // ---------------------------------------------------------------------------------------------
 
-// The sanitizers slow the parser several times over; the bound is for the plain build.
+// 1 MiB takes about 0.3 s on an idle machine; the bound leaves room for a loaded CI machine (and
+// the sanitizers slow the parser several times over) while still catching quadratic work.
 #if defined(__SANITIZE_ADDRESS__)
-constexpr double kSecondsPerPlainSecond = 5.0;
+constexpr double kBoundSeconds = 15.0;
 #else
-constexpr double kSecondsPerPlainSecond = 1.0;
+constexpr double kBoundSeconds = 3.0;
 #endif
 
 // Runs `body` in a child process that an alarm ends after `seconds`, so that an input that
@@ -477,7 +478,7 @@ TEST(Hostile, APolicyOverOneMibIsRefusedWithItsSize) {
       << errors[0];
 }
 
-TEST(Hostile, OneMibOfKeysIsAnsweredWithinASecond) {
+TEST(Hostile, OneMibOfKeysIsAnsweredInBoundedTime) {
   std::string text;
   for (int i = 0; text.size() < (1 << 20) - 32; ++i) text += "key" + std::to_string(i) + ": 1\n";
   PolicyFile f(text);
@@ -488,7 +489,7 @@ TEST(Hostile, OneMibOfKeysIsAnsweredWithinASecond) {
   EXPECT_GT(load.errors.size(), 50000u);
   EXPECT_EQ(load.errors[0],
             f.path() + ":1:7: unknown key \"key0\"; see docs/POLICY.md for the keys");
-  EXPECT_LT(seconds, kSecondsPerPlainSecond);
+  EXPECT_LT(seconds, kBoundSeconds);
 }
 
 TEST(Hostile, AHugeValueIsQuotedByItsStartAndSize) {
