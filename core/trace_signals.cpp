@@ -42,8 +42,6 @@ std::atomic<int> g_deferred{0};
 // Initial-exec: read inside a signal handler, where a dynamic TLS lookup could allocate.
 __attribute__((tls_model("initial-exec"))) thread_local int t_lock_depth = 0;
 
-bool is_ours(const struct sigaction& action);
-
 bool ends_the_process(const struct sigaction& action) {
   return (action.sa_flags & SA_SIGINFO) == 0 && action.sa_handler == SIG_DFL;
 }

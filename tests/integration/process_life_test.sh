@@ -168,5 +168,7 @@ if chown nobody "$tmp/suid/secure_probe" && chmod 4755 "$tmp/suid/secure_probe" 
   [[ ! -e "$tmp/suid/out/setuid.jsonl" ]] || fail "secure setuid: VASWAP_TRACE honoured in a setuid program"
   echo "ok   a setuid program on the C API path ignores VASWAP_TRACE (the same program without setuid honours it)"
 else
+  # (Under the sanitizers: a setuid process cannot read its own environment for ASAN_OPTIONS,
+  # and LeakSanitizer cannot run in it.)
   echo "skip a setuid program cannot run here (the unit test TraceEnvironment.SecureExecutionReadsNoTracePath covers the reader)"
 fi
