@@ -28,6 +28,7 @@ build/gpu/bin/vmm_interference_cuda 2>&1 | tee "$out/vmm_interference_h200.md" >
 probe=${PIPESTATUS[0]}
 
 echo "== slot bench (SLOT_BENCH_DIAG=1 adds the restore-submission variants)" | tee -a "$out/core_h200.log"
+rm -f "$out/slot_bench_trace.jsonl"  # vaswap does not replace a trace file
 SLOT_BENCH_DIAG=1 VASWAP_TRACE=$out/slot_bench_trace.jsonl build/gpu/bin/slot_bench_cuda \
   --out "$out/slot_bench_h200.md" 2>&1 | tee -a "$out/core_h200.log"
 bench=${PIPESTATUS[0]}

@@ -17,6 +17,7 @@ log=$out/graph_scan_h200.log
   echo "# command: bash bench/run_graph_scan_h200.sh"
 } | tee "$log"
 python3 examples/pytorch/graphed_layers.py $args --out "$out/scan_plain.json" >/dev/null 2>&1
+rm -f "$out/scan_trace.jsonl"  # vaswap does not replace a trace file
 scripts/vaswap run --library build/gpu/lib/libvaswap.so --trace "$out/scan_trace.jsonl" -- \
   python3 examples/pytorch/graphed_layers.py $args --out "$out/scan_vaswap.json" >/dev/null 2>&1
 python3 - "$out" <<'PY' | tee -a "$log"

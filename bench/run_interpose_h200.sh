@@ -52,6 +52,7 @@ echo "== 2. demo built with static cudart (driver-level hooks only)" | tee -a "$
 nm "$bin/train_layers_static_cuda" | grep -c ' T cudaMalloc$' | sed 's/^/  cudaMalloc defined in the binary: /' | tee -a "$log"
 args="--layers 8 --elems 4194304 --steps 10 --seed 1"
 plain=$("$bin/train_layers_static_cuda" $args | tail -1)
+rm -f "$out/interpose_static_trace.jsonl" "$out/interpose_torch_trace.jsonl"  # vaswap does not replace a trace file
 under=$(VASWAP_CONF="selection.min_bytes=8MiB" scripts/vaswap run --library "$lib" \
   --trace "$out/interpose_static_trace.jsonl" -- "$bin/train_layers_static_cuda" $args | tail -1)
 echo "  without vaswap: $plain" | tee -a "$log"

@@ -23,6 +23,7 @@ run_pair() {  # name, then the program
   local name=$1
   shift
   timeout 200 "$@" --out "$out/${name}_plain.json" >"$out/${name}_plain.txt" 2>&1 || status=1
+  rm -f "$out/${name}_trace.jsonl"  # vaswap does not replace a trace file
   VASWAP_CONF=$conf timeout 200 scripts/vaswap run --library "$lib" --trace "$out/${name}_trace.jsonl" -- \
     "$@" --out "$out/${name}_vaswap.json" >"$out/${name}_vaswap.txt" 2>&1 || status=1
   tail -2 "$out/${name}_vaswap.txt"

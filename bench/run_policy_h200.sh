@@ -37,6 +37,7 @@ trace=$(ls "$work"/vaswap_*_0.jsonl 2>/dev/null | head -1)
 
 echo "== call sites" | tee -a "$log"
 for conf in "selection.include=libc10_cuda.so" "selection.exclude=libc10_cuda.so"; do
+  rm -f "$work/cs.jsonl"  # vaswap does not replace a trace file
   VASWAP_CONF="$conf" scripts/vaswap run --library "$lib" --trace "$work/cs.jsonl" -- \
     python3 "$example" $args --out "$out/policy_cs.json" >/dev/null 2>&1 || status=1
   echo "  $conf: $(selected "$work/cs.jsonl"); $(same "$out/policy_plain.json" "$out/policy_cs.json")" | tee -a "$log"

@@ -189,6 +189,9 @@ bool set_patterns(std::vector<std::string>* out, const std::string& value) {
   return true;
 }
 
+// The shortest memory sampling interval: each sample is a cuMemGetInfo call on the sampler thread.
+constexpr uint64_t kMinMemoryIntervalNs = 50000;
+
 // clang-format off
 const Key kSchema[] = {
   {"mode", "off | auto | rules", "off, auto or rules", "auto",
@@ -348,6 +351,12 @@ const Key kSchema[] = {
      p.trace_path = trim(v);
      return true; },
    [](const Policy& p) { return "\"" + p.trace_path + "\""; }},
+  {"trace.overwrite", "bool", "true or false", "false",
+   "Replace a trace file that exists. Off, a trace that would replace one says so and is not "
+   "written (a re-run with the same path keeps the earlier trace); put %p in the path for one "
+   "file per process.",
+   [](Policy& p, const std::string& v) { return parse_bool(v, &p.trace_overwrite); },
+   [](const Policy& p) { return std::string(p.trace_overwrite ? "true" : "false"); }},
   {"trace.level", "off | events | verbose", "off, events or verbose", "events",
    "How much the trace holds: verbose adds every capture-mode change and memory query.",
    [](Policy& p, const std::string& v) {
@@ -356,11 +365,15 @@ const Key kSchema[] = {
      p.trace_level = t;
      return true; },
    [](const Policy& p) { return p.trace_level; }},
-  {"trace.memory_interval", "duration", "a duration such as 600us, 2ms or 1s (0 turns it off)", "0 (off)",
-   "Sample the device's free memory (cuMemGetInfo) this often and trace each change.",
+  {"trace.memory_interval", "0 | duration >= 50us", "0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s", "0 (off)",
+   "Sample the device's free memory (cuMemGetInfo) this often and trace each change. Shorter "
+   "than 50us would keep a core busy sampling.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "0") { p.memory_interval_ns = 0; return true; }
-     return parse_duration(v, &p.memory_interval_ns); },
+     uint64_t ns = 0;
+     if (!parse_duration(v, &ns) || (ns != 0 && ns < kMinMemoryIntervalNs)) return false;
+     p.memory_interval_ns = ns;
+     return true; },
    [](const Policy& p) { return p.memory_interval_ns == 0 ? std::string("0") : show_duration(p.memory_interval_ns); }},
   {"log.level", "trace | debug | info | warn | error | off", "trace, debug, info, warn, error or off", "warn",
    "The log's level (VASWAP_LOG_LEVEL sets it too).",
@@ -394,7 +407,13 @@ const Key* find_key(const std::string& key) {
 std::string suggestion(const std::string& key) {
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
+  const size_t limit = std::max<size_t>(2, key.size() / 4);
   auto consider = [&](const std::string& candidate) {
+    // The length difference bounds the distance from below: skip what cannot be close, so that
+    // a long key costs no quadratic work per schema key.
+    const size_t gap = key.size() > candidate.size() ? key.size() - candidate.size()
+                                                     : candidate.size() - key.size();
+    if (gap > limit) return;
     const size_t d = edit_distance(key, candidate);
     if (d < best_distance) {
       best_distance = d;
@@ -404,9 +423,15 @@ std::string suggestion(const std::string& key) {
   for (const Key& k : kSchema) consider(k.key);
   for (const char* field : kRuleFields) consider(std::string("rules[0].") + field);
   // A misspelt last component ("selection.min_byte") or section ("selction.min_bytes").
-  if (best_distance <= std::max<size_t>(2, key.size() / 4))
-    return "; did you mean \"" + best + "\"?";
+  if (best_distance <= limit) return "; did you mean \"" + best + "\"?";
   return "; see docs/POLICY.md for the keys";
+}
+
+// A value or key as a message quotes it: whole when short, else its start and its size.
+std::string quoted(const std::string& text) {
+  constexpr size_t kShown = 100;
+  if (text.size() <= kShown) return '"' + text + '"';
+  return '"' + text.substr(0, kShown) + "...\" (" + std::to_string(text.size()) + " bytes)";
 }
 
 // Keys that existed and were taken out, with what replaces them.
@@ -420,18 +445,17 @@ std::string removed_or_unknown(const std::string& key) {
   for (const auto& [old_key, instead] : kRemoved) {
     if (key == old_key) return "\"" + key + "\" was removed in vaswap 0.2: " + instead;
   }
-  return "unknown key \"" + key + "\"" + suggestion(key);
+  return "unknown key " + quoted(key) + suggestion(key);
 }
 
 std::string must(const PolicyValue& v, const char* expected) {
   std::string m = v.where;
   m += ": ";
-  m += v.key;
+  m += v.key.size() <= 100 ? v.key : quoted(v.key);
   m += " must be ";
   m += expected;
-  m += ", got \"";
-  m += v.value;
-  m += '"';
+  m += ", got ";
+  m += quoted(v.value);
   return m;
 }
 
@@ -536,6 +560,12 @@ bool expandable_segments_enabled(const std::string& alloc_conf) {
 
 std::vector<PolicyValue> conf_values(const std::string& text, std::vector<std::string>* errors) {
   std::vector<PolicyValue> values;
+  if (text.size() > kMaxPolicyBytes) {
+    errors->push_back("VASWAP_CONF: " + std::to_string(text.size()) + " bytes, over the 1 MiB (" +
+                      std::to_string(kMaxPolicyBytes) +
+                      " bytes) vaswap reads; put the settings in a policy file (VASWAP_POLICY)");
+    return values;
+  }
   for (const std::string& raw : split(text, ',')) {
     const std::string item = trim(raw);
     if (item.empty()) continue;
@@ -574,7 +604,8 @@ std::vector<PolicyValue> scalar_values(const std::string& file,
       continue;
     }
     if (!seen.insert(s.path).second) {
-      errors->push_back(where + ": " + s.path + " is given twice");
+      errors->push_back(where + ": " + (s.path.size() <= 100 ? s.path : quoted(s.path)) +
+                        " is given twice");
       continue;
     }
     // selection.include[2] -> one value "a;b;c" for selection.include
@@ -646,8 +677,8 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {
         }
         (field == "after" ? rule.after : rule.before) = value;
       } else {
-        load->errors.push_back(v.where + ": unknown key \"" + v.key +
-                               "\"; a rule has offload, after and before");
+        load->errors.push_back(v.where + ": unknown key " + quoted(v.key) +
+                               "; a rule has offload, after and before");
         continue;
       }
       load->origins.push_back(v.key + " = " + value + "  (" + v.where + ")");
@@ -658,12 +689,12 @@ void apply_values(const std::vector<PolicyValue>& values, PolicyLoad* load) {
       load->errors.push_back(v.where + ": " + removed_or_unknown(v.key));
       continue;
     }
-    Policy candidate = load->policy;
-    if (!key->set(candidate, v.value)) {
+    // Setters leave the policy unchanged when they fail, so no copy is needed (a copy per value
+    // made a long VASWAP_CONF quadratic: every value copied every list set before it).
+    if (!key->set(load->policy, v.value)) {
       load->errors.push_back(must(v, key->expected));
       continue;
     }
-    load->policy = candidate;
     load->origins.push_back(v.key + " = " + key->show(load->policy) + "  (" + v.where + ")");
   }
   for (size_t i = 0; i < load->policy.rules.size(); ++i) {

@@ -55,7 +55,8 @@ struct Policy {
   int release_workers = 1, remap_workers = 1;
   bool serial_driver_calls = true;
   // trace and log
-  std::string trace_path;  // "" : no trace; %p pid, %r rank, %h host
+  std::string trace_path;        // "" : no trace; %p pid, %r rank, %h host
+  bool trace_overwrite = false;  // replace a trace file that exists
   std::string trace_level = "events";
   uint64_t memory_interval_ns = 0;  // 0: no cuMemGetInfo sampling
   std::string log_level = "warn";

@@ -12,12 +12,10 @@ extern "C" {
 typedef void (*vaswap_yaml_visit_fn)(void* context, const char* path, const char* value, int line,
                                      int column);
 
-/* Parses the YAML file at `file` and visits every scalar. Returns 0, or -1 with a message of the
- * form "file:line:column: what" in `error`. */
-int vaswap_yaml_visit_file(const char* file, vaswap_yaml_visit_fn visit, void* context, char* error,
-                           size_t error_bytes);
-
-/* The same for a document in memory; `name` stands for the file in messages. */
+/* Parses the first YAML document of `text` and visits every scalar. Returns 0, or -1 with a
+ * message of the form "name:line:column: what" in `error` (`name` stands for the file). Anchors
+ * and aliases are errors, as is nesting deeper than 32 levels. The caller bounds the size
+ * (config/yaml_document.cpp). */
 int vaswap_yaml_visit_string(const char* text, size_t size, const char* name,
                              vaswap_yaml_visit_fn visit, void* context, char* error,
                              size_t error_bytes);

@@ -102,7 +102,7 @@ void start() {
     const Environment& e = environment();
     if (!e.abort_message.empty()) stop(e.abort_message);
     configure_log(e.policy.log_level, e.policy.log_destination);
-    trace::open_from_environment(e.policy.trace_path);
+    trace::open_from_environment(e.policy.trace_path, e.policy.trace_overwrite);
     planner::configure(e.policy, &slots_of_capture);
     if (!e.policy.serial_driver_calls) {
       try {
@@ -274,6 +274,8 @@ std::vector<Slot*> slots_of_capture(uint64_t ordinal) {
 // At exit: what vaswap did, on the log at info level (shown with log.level: info, as NCCL's
 // INFO lines are) and as the trace's `summary` event. No CUDA call is made here.
 void say_summary() {
+  // A forked child has none of vaswap's threads, and the parent's counters: it says nothing.
+  if (trace::forked_child()) return;
   const Tables& t = tables();
   const planner::Counters p = planner::counters();
   vaswap_stats s{};
@@ -285,20 +287,25 @@ void say_summary() {
     r = residency::stats();
   }
   const double mib = 1024.0 * 1024.0;
+  std::string trace_lost;  // a trace that could not be written (a full disk) says what it lost
+  if (const trace::Losses lost = trace::losses(); lost.events > 0) {
+    trace_lost = "; trace: " + std::to_string(lost.events) + " events lost (" + lost.file + ": " +
+                 std::strerror(lost.error_number) + ")";
+  }
   log().info(
       "summary: {} slots selected; {} offloaded ({} plan{}); {:.0f} MiB offloaded, {:.0f} MiB "
       "restored; device memory peak {:.0f} MiB in use, {:.0f} MiB with the released pages added "
       "back (cuMemGetInfo); residency budget {:.0f} MiB, slots held at most {:.0f} MiB; {} "
       "evictions ({} for room, {} planned, {} for the program's own allocations); {} launches "
       "refused for want of memory; {} handshake; host waited {:.1f} ms for restores ({} waits, "
-      "{} slots on demand); {} guard hits; {} deviations; {} errors",
+      "{} slots on demand); {} guard hits; {} deviations; {} errors{}",
       t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
       static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
       static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
       static_cast<double>(r.budget_bytes) / mib, static_cast<double>(r.peak_resident) / mib,
       r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.oom_launches,
       r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls, p.on_demand_restores,
-      p.guard_hits, p.deviations, s.errors);
+      p.guard_hits, p.deviations, s.errors, trace_lost);
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
       .add("slots", t.slots.load())

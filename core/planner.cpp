@@ -456,8 +456,8 @@ plan::Model Planner::model_for(int device) {
     const double d2h_us = elapsed_us(driver, events[0], events[1]);
     const double h2d_us = elapsed_us(driver, events[1], events[2]);
     const uint64_t start = trace::now_ns();
-    e.unmap_and_release(slot);
-    e.create_and_remap(slot);
+    e.unback(slot, std::nullopt);
+    e.back(slot, std::nullopt, /*report=*/false);
     m.remap_us = trace::us_since(start);
     m.d2h_gbps = d2h_us > 0 ? static_cast<double>(bytes) / (d2h_us * 1e3) : 0;
     m.h2d_gbps = h2d_us > 0 ? static_cast<double>(bytes) / (h2d_us * 1e3) : 0;

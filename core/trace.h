@@ -4,7 +4,10 @@
 // the document against it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <fmt/format.h>
@@ -21,7 +24,8 @@ constexpr int kFormatVersion = 1;
   X(alloc) X(free) X(capture_begin) X(capture_end) X(capture_mode) X(graph_instantiate)           \
   X(graph_update) X(graph_launch) X(graph_destroy) X(mem_info) X(device_reset) X(graph_scan) X(eager)             \
   X(learn) X(model) X(plan) X(plan_window) X(plan_offload) X(plan_restore) X(restore_wait)         \
-  X(guard_hit) X(deviation) X(mem_sample) X(summary) X(residency) X(evict) X(fetch) X(oom)
+  X(guard_hit) X(deviation) X(mem_sample) X(summary) X(residency) X(evict) X(fetch) X(oom)     \
+  X(signal)
 // clang-format on
 
 enum class Event {
@@ -36,17 +40,48 @@ const char* event_name(Event event);
 bool enabled();
 
 // Opens `path` ("%p" becomes the pid), replacing an open trace. Returns false and fills `error`
-// when the file cannot be created.
-bool open(const std::string& path, std::string* error);
+// when the file cannot be created, is a symbolic link, or is a trace that exists (not empty) and
+// `overwrite` is false (trace_file.h).
+bool open(const std::string& path, std::string* error, bool overwrite = false);
 // Opens the trace named by VASWAP_TRACE, or else `policy_path` (the policy's trace.path), once per
-// process; later calls do nothing.
-void open_from_environment(const std::string& policy_path = "");
+// process; later calls do nothing. Nothing is read in secure-execution mode (AT_SECURE: a setuid
+// or capability-raising exec), on every path: the preload's and the C API's.
+void open_from_environment(const std::string& policy_path = "", bool overwrite = false);
+
+// Where a trace from the environment goes. `variable` reads the environment; `secure` is
+// AT_SECURE; `inherited_owner` is the VASWAP_TRACE_OWNER this process was started with (0 if
+// none). The path is VASWAP_TRACE or else `policy_path`, expanded; "" when there is none or when
+// `secure`. Children inherit VASWAP_TRACE, so a path without %p would be one file for a whole
+// process tree: the first process that loads vaswap with a trace configured exports
+// VASWAP_TRACE_OWNER=<its pid>, and a process that finds another pid there writes
+// "<path>.<pid><extension>" instead, and says so in `notice`.
+struct EnvironmentTrace {
+  std::string file;    // expanded; "" for no trace
+  std::string source;  // "VASWAP_TRACE" or "trace.path"
+  std::string notice;  // set when the pid was added
+};
+EnvironmentTrace environment_trace(bool secure,
+                                   const std::function<const char*(const char*)>& variable,
+                                   const std::string& policy_path, pid_t inherited_owner,
+                                   pid_t self);
 
 // "%p" becomes the pid, "%r" the rank (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID;
 // 0 when none is set), "%h" the host name, "%%" a percent sign.
 std::string expand_path(const std::string& path);
 // Writes trace_end and everything queued, then closes the file.
 void close();
+
+// What a failed write (a full disk) cost: events not written, and the error. For the exit summary.
+struct Losses {
+  uint64_t events = 0;
+  int error_number = 0;
+  std::string file;
+};
+Losses losses();
+
+// True in a child made by fork() (before any exec): vaswap's threads did not survive the fork,
+// so the child starts with the trace closed and must not wait for them (no summary either).
+bool forked_child();
 
 // Monotonic nanoseconds (CLOCK_MONOTONIC), the trace's time base.
 uint64_t now_ns();

@@ -46,6 +46,7 @@ else
 fi
 
 status=0
+rm -f "$trace"  # the demo's own trace, each run anew (vaswap does not replace a trace file)
 scripts/vaswap run --library "$lib" --trace "$trace" -- "${demo[@]}" "$@" || status=$?
 if [[ -s "$trace" ]]; then
   python3 - "$trace" <<'PY'

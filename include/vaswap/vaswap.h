@@ -177,7 +177,10 @@ vaswap_status vaswap_workers_init(int device);
 vaswap_status vaswap_set_serial_driver_calls(int serial);
 
 /* Starts writing the trace (docs/TRACE.md) to `path`; "%p" becomes the process id. Replaces a
- * trace already open. VASWAP_TRACE=path does the same at first use. */
+ * trace already open. VASWAP_TRACE=path does the same at first use (not in a setuid program).
+ * VASWAP_ERROR_INVALID_ARGUMENT, with the reason, when `path` is a symbolic link or a file that
+ * exists and is not empty (vaswap never replaces a trace file: remove it first, or put %p in the
+ * path), or cannot be created. */
 vaswap_status vaswap_trace_open(const char* path);
 /* Writes what is queued and closes the trace. */
 vaswap_status vaswap_trace_close(void);

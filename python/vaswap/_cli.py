@@ -43,17 +43,22 @@ def find_library(explicit):
     fail(f"cannot find libvaswap.so (looked at {path}); {hint}, or pass --library PATH")
 
 
-def sanitizer_runtime(library):
-    """A sanitizer build of libvaswap.so needs the ASan runtime preloaded before it."""
+def dependency(library, prefix):
+    """The path of the library's dependency whose name starts with `prefix` (ldd), or None."""
     try:
         out = subprocess.run(["ldd", str(library)], capture_output=True, text=True, check=False)
     except OSError:
         return None
     for line in out.stdout.splitlines():
         parts = line.split()
-        if parts and parts[0].startswith("libasan.so") and len(parts) >= 3:
+        if parts and parts[0].startswith(prefix) and len(parts) >= 3:
             return parts[2]
     return None
+
+
+def sanitizer_runtime(library):
+    """A sanitizer build of libvaswap.so needs the ASan runtime preloaded before it."""
+    return dependency(library, "libasan.so")
 
 
 def preload_list(library, existing):
@@ -94,7 +99,10 @@ def check_policy(args):
         # A sanitizer build of libvaswap.so loads only into a process whose first library is the
         # ASan runtime: run this command again that way.
         env = dict(os.environ)
-        env["LD_PRELOAD"] = ":".join(p for p in (runtime, env.get("LD_PRELOAD", "")) if p)
+        # libstdc++ too: python links none, so ASan, starting first, would find no __cxa_throw
+        # to forward to, and the first C++ exception (a YAML parse error) would abort.
+        cxx = dependency(library, "libstdc++.so")
+        env["LD_PRELOAD"] = ":".join(p for p in (runtime, cxx, env.get("LD_PRELOAD", "")) if p)
         env["ASAN_OPTIONS"] = ":".join(
             p for p in (env.get("ASAN_OPTIONS", ""), "detect_leaks=0") if p)  # python's own
         env["PYTHONPATH"] = os.pathsep.join(

@@ -41,6 +41,7 @@ echo "ok   --policy applies the file, its trace.path expands %p, and VASWAP_CONF
 
 # Call sites: the captured allocation is made from main() in probe_runtime.
 callsite() {  # callsite CONF EXPECT(slot|SKIPPED-REASON)
+  rm -f "$tmp/cs.jsonl"  # a trace that exists is not replaced (trace.overwrite)
   VASWAP_CONF="selection.min_bytes=4MiB,$1" run --trace "$tmp/cs.jsonl" -- "$probe" >"$tmp/out" 2>"$tmp/err" ||
     fail "callsite $1: the probe failed"
   [[ "$(cat "$tmp/out")" == "$plain" ]] || fail "callsite $1: output differs"

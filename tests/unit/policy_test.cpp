@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "intercept.h"
+#include "log.h"
 #include "policy.h"
 
 namespace vaswap {
@@ -115,7 +117,9 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(p.remap_workers, 1);
   EXPECT_TRUE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "");
+  EXPECT_FALSE(p.trace_overwrite);
   EXPECT_EQ(p.trace_level, "events");
+  EXPECT_EQ(p.memory_interval_ns, 0u);
   EXPECT_EQ(p.log_level, "warn");
   EXPECT_EQ(p.log_destination, "stderr");
 }
@@ -130,7 +134,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
       "residency.handshake=host,residency.wait_limit=5s,"
       "guard=false,host_pool.limit=32GiB,host_pool.numa=1,workers.release=2,workers.remap=3,"
       "workers.serial_driver_calls=false,trace.path=/tmp/t_%p_%r_%h.jsonl,trace.level=verbose,"
-      "log.level=info,log.destination=stdout");
+      "trace.overwrite=true,trace.memory_interval=50us,log.level=info,log.destination=stdout");
   EXPECT_EQ(p.mode, Mode::off);
   EXPECT_EQ(p.on_error, OnError::passthrough);
   EXPECT_EQ(p.min_bytes, 64ull << 20);
@@ -157,6 +161,8 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_FALSE(p.serial_driver_calls);
   EXPECT_EQ(p.trace_path, "/tmp/t_%p_%r_%h.jsonl");
   EXPECT_EQ(p.trace_level, "verbose");
+  EXPECT_TRUE(p.trace_overwrite);
+  EXPECT_EQ(p.memory_interval_ns, 50000u);
   EXPECT_EQ(p.log_level, "info");
   EXPECT_EQ(p.log_destination, "stdout");
   EXPECT_EQ(from_conf("selection.device=all").device, -1);
@@ -273,6 +279,9 @@ const Malformed kMalformed[] = {
   {"workers:\n  remap: 9\n", "FILE:2:10: workers.remap must be an integer from 1 to 8, got \"9\""},
   {"workers:\n  serial_driver_calls: sometimes\n", "FILE:2:24: workers.serial_driver_calls must be true or false, got \"sometimes\""},
   {"trace:\n  path: /tmp/t_%d.jsonl\n", "FILE:2:9: trace.path must be a file path in which % is followed only by p, r, h or %, got \"/tmp/t_%d.jsonl\""},
+  {"trace:\n  overwrite: sometimes\n", "FILE:2:14: trace.overwrite must be true or false, got \"sometimes\""},
+  {"trace:\n  memory_interval: 1ns\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"1ns\""},
+  {"trace:\n  memory_interval: 49.9us\n", "FILE:2:20: trace.memory_interval must be 0 (off) or a duration of at least 50us, such as 200us, 2ms or 1s, got \"49.9us\""},
   {"trace:\n  level: all\n", "FILE:2:10: trace.level must be off, events or verbose, got \"all\""},
   {"log:\n  level: loud\n", "FILE:2:10: log.level must be trace, debug, info, warn, error or off, got \"loud\""},
   {"log:\n  destination: \"\"\n", "FILE:2:16: log.destination must be stderr, stdout or a file path, got \"\""},
@@ -286,6 +295,10 @@ const Malformed kMalformed[] = {
   {"just a string\n", "FILE:1:1: a policy is a mapping of keys (mode: auto, selection: ...), got \"just a string\""},
   {"mode: auto\nmode: off\n", "FILE:2:7: mode is given twice"},
   {"mode: [auto\n", "FILE:2:1: end of sequence flow not found"},
+  {"mode: &m auto\nguard: true\n", "FILE:1:7: anchor &m: anchors and aliases are not allowed in a vaswap policy; write the value out"},
+  {"selection: &s\n  min_bytes: 2MiB\n", "FILE:1:12: anchor &s: anchors and aliases are not allowed in a vaswap policy; write the value out"},
+  {"a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "FILE:1:35: the policy nests deeper than 32 levels; a policy needs three at most"},
+  {"? [a, b]\n: c\n", "FILE:1:3: a key must be a plain word such as mode or selection, not a list or a mapping"},
 };
 // clang-format on
 
@@ -409,6 +422,138 @@ TEST(Environment, OffMeansOff) {
   const auto e = read(false, {{"VASWAP_CONF", "mode=off"}});
   EXPECT_FALSE(e.on);
   EXPECT_TRUE(e.notices.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile inputs: each answered with a located error in bounded time and memory
+// ---------------------------------------------------------------------------------------------
+
+// 1 MiB takes about 0.3 s on an idle machine; the bound leaves room for a loaded CI machine (and
+// the sanitizers slow the parser several times over) while still catching quadratic work.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kBoundSeconds = 15.0;
+#else
+constexpr double kBoundSeconds = 3.0;
+#endif
+
+// Runs `body` in a child process that an alarm ends after `seconds`, so that an input that
+// explodes (as aliases once did: minutes and gigabytes) fails this test instead of hanging it.
+// The child exits 0 when `body` returns true.
+template <class Body>
+void in_bounded_time(int seconds, Body body) {
+  EXPECT_EXIT(
+      {
+        alarm(static_cast<unsigned>(seconds));
+        std::_Exit(body() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The "billion laughs": nine levels of nine aliases, 9^9 scalars once expanded, in 342 bytes.
+std::string billion_laughs() {
+  std::string text =
+      "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (char name = 'b'; name <= 'i'; ++name) {
+    text += std::string(1, name) + ": &" + name + " [";
+    for (int i = 0; i < 9; ++i) text += std::string(i ? ",*" : "*") + static_cast<char>(name - 1);
+    text += "]\n";
+  }
+  return text;
+}
+
+TEST(Hostile, BillionLaughsIsRefusedAtItsFirstAnchorInBoundedTime) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  PolicyFile f(billion_laughs());
+  in_bounded_time(10, [&] {
+    const PolicyLoad load = load_policy(f.path(), "");
+    return load.errors.size() == 1 &&
+           load.errors[0] == f.path() +
+                                 ":1:4: anchor &a: anchors and aliases are not allowed in a "
+                                 "vaswap policy; write the value out";
+  });
+}
+
+TEST(Hostile, APolicyOverOneMibIsRefusedWithItsSize) {
+  PolicyFile f("# " + std::string(1 << 20, 'x') + "\n");
+  const PolicyLoad load = load_policy(f.path(), "");
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_EQ(load.errors[0], f.path() +
+                                ": the policy is more than 1048576 bytes, over the 1 MiB (1048576 "
+                                "bytes) vaswap reads; a policy needs a few hundred bytes: check "
+                                "that this is the policy file");
+  std::vector<std::string> errors;
+  text_values(std::string((1 << 20) + 1, ' '), "big.yaml", &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].rfind("big.yaml: the policy is 1048577 bytes, over the 1 MiB", 0), 0u)
+      << errors[0];
+}
+
+TEST(Hostile, OneMibOfKeysIsAnsweredInBoundedTime) {
+  std::string text;
+  for (int i = 0; text.size() < (1 << 20) - 32; ++i) text += "key" + std::to_string(i) + ": 1\n";
+  PolicyFile f(text);
+  const auto start = std::chrono::steady_clock::now();
+  const PolicyLoad load = load_policy(f.path(), "");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(load.errors.size(), 50000u);
+  EXPECT_EQ(load.errors[0],
+            f.path() + ":1:7: unknown key \"key0\"; see docs/POLICY.md for the keys");
+  EXPECT_LT(seconds, kBoundSeconds);
+}
+
+TEST(Hostile, AHugeValueIsQuotedByItsStartAndSize) {
+  PolicyFile f("mode: " + std::string(500000, 'x') + "\n");
+  const PolicyLoad load = load_policy(f.path(), "");
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_EQ(load.errors[0], f.path() + ":1:7: mode must be off, auto or rules, got \"" +
+                                std::string(100, 'x') + "...\" (500000 bytes)");
+}
+
+TEST(Hostile, ALongVaswapConfListThenManyValuesIsLinear) {
+  // Each value once copied the whole policy, lists included: 40000 patterns times 80000 values.
+  std::string conf = "selection.include=";
+  for (int i = 0; i < 40000; ++i) conf += (i ? ";p" : "p") + std::to_string(i);
+  while (conf.size() < 1000000) conf += ",guard=true";
+  in_bounded_time(10, [&] {
+    const PolicyLoad load = load_policy("", conf);
+    return load.ok() && load.policy.include.size() == 40000;
+  });
+  const PolicyLoad big = load_policy("", std::string((1 << 20) + 1, ','));
+  ASSERT_EQ(big.errors.size(), 1u);
+  EXPECT_EQ(big.errors[0],
+            "VASWAP_CONF: 1048577 bytes, over the 1 MiB (1048576 bytes) vaswap reads; put the "
+            "settings in a policy file (VASWAP_POLICY)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// VASWAP_LOG_LEVEL
+// ---------------------------------------------------------------------------------------------
+
+TEST(LogLevel, EveryDocumentedNameInAnyCase) {
+  const std::map<std::string, spdlog::level::level_enum> cases = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
+      {"info", spdlog::level::info},   {"INFO", spdlog::level::info},
+      {"Warn", spdlog::level::warn},   {"error", spdlog::level::err},
+      {"off", spdlog::level::off},
+  };
+  for (const auto& [name, level] : cases) {
+    spdlog::level::level_enum got = spdlog::level::critical;
+    EXPECT_TRUE(log_level_from_name(name, &got)) << name;
+    EXPECT_EQ(got, level) << name;
+  }
+}
+
+TEST(LogLevel, AnUnknownNameIsAnErrorThatListsTheValidOnes) {
+  // spdlog's from_str turns these into off, which silenced every error.
+  for (const char* name : {"loud", "warning", "err", "critical", "", "3"}) {
+    spdlog::level::level_enum got = spdlog::level::critical;
+    EXPECT_FALSE(log_level_from_name(name, &got)) << name;
+    EXPECT_EQ(got, spdlog::level::critical) << name;
+  }
+  EXPECT_EQ(unknown_log_level("loud"),
+            "VASWAP_LOG_LEVEL must be trace, debug, info, warn, error or off, got \"loud\"; the "
+            "log stays at warn");
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ TEST(YamlDocumentTest, YamlSymbolsStayOutOfTheGlobalScope) {
   std::string error;
   ASSERT_TRUE(vaswap::read_yaml_file(write_file("ok.yaml", "a: 1\n"), &scalars, &error)) << error;
   // The helper and yaml-cpp are loaded now, yet the host's lookups cannot see them.
-  EXPECT_EQ(nullptr, dlsym(RTLD_DEFAULT, "vaswap_yaml_visit_file"));
+  EXPECT_EQ(nullptr, dlsym(RTLD_DEFAULT, "vaswap_yaml_visit_string"));
   EXPECT_EQ(nullptr,
             dlsym(RTLD_DEFAULT,
                   "_ZN4YAML8LoadFileERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
