@@ -270,9 +270,10 @@ const Key kSchema[] = {
    [](Policy& p, const std::string& v) { return parse_duration(v, &p.remap_latency_ns); },
    [](const Policy& p) { return show_duration(p.remap_latency_ns); }},
   {"residency.budget", "auto | size", "auto or a size such as 40GiB", "auto",
-   "Device memory the slots may hold at once. auto: what the device has free, less "
-   "residency.reserve, so a job that fits pays nothing and vaswap offloads only what memory "
-   "pressure requires. A size: the slots stay within it even when the device has room.",
+   "Device memory the slots may hold at once. auto: what the device has free, so a job that "
+   "fits pays nothing and vaswap offloads only what memory pressure requires (then down to "
+   "residency.reserve below it). A size: the slots stay within it even when the device has "
+   "room.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "auto") { p.residency_budget = 0; return true; }
      uint64_t bytes = 0;
@@ -281,8 +282,9 @@ const Key kSchema[] = {
      return true; },
    [](const Policy& p) { return p.residency_budget == 0 ? std::string("auto") : show_size(p.residency_budget); }},
   {"residency.reserve", "auto | size", "auto or a size such as 1GiB", "auto",
-   "With an auto budget, the device memory left to the program's own allocations: "
-   "auto is 1/32 of the device, at most 512MiB.",
+   "With an auto budget, the headroom left to the program's own allocations once slots fill "
+   "the device: evictions then bring the slots this far below it. auto is 1/32 of the device, "
+   "at most 512MiB.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "auto") { p.residency_reserve = 0; return true; }
      uint64_t bytes = 0;

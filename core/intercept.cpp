@@ -298,14 +298,15 @@ void say_summary() {
       "back (cuMemGetInfo); residency budget {:.0f} MiB, slots held at most {:.0f} MiB; {} "
       "evictions ({} for room, {} planned, {} for the program's own allocations); {} launches "
       "refused for want of memory; {} handshake; host waited {:.1f} ms for restores ({} waits, "
-      "{} slots on demand); {} guard hits; {} deviations; {} errors{}",
+      "{} slots on demand) and {:.1f} ms for the pages of copies and memsets ({} waits); {} guard "
+      "hits; {} deviations; {} errors{}",
       t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
       static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
       static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
       static_cast<double>(r.budget_bytes) / mib, static_cast<double>(r.peak_resident) / mib,
       r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.oom_launches,
       r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls, p.on_demand_restores,
-      p.guard_hits, p.deviations, s.errors, trace_lost);
+      p.map_wait_us / 1e3, p.map_waits, p.guard_hits, p.deviations, s.errors, trace_lost);
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
       .add("slots", t.slots.load())
@@ -325,6 +326,8 @@ void say_summary() {
       .add("handshake", r.device_handshake ? "device" : "host")
       .add("wait_us", p.stall_us)
       .add("waits", p.stalls)
+      .add("map_wait_us", p.map_wait_us)
+      .add("map_waits", p.map_waits)
       .add("on_demand", p.on_demand_restores)
       .add("guard_hits", p.guard_hits)
       .add("deviations", p.deviations)
@@ -417,10 +420,20 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
   const bool backed = !capture;
   Slot* slot = nullptr;
   try {
-    slot = engine().create_slot(device, bytes, /*intercepted=*/true, backed);
+    // Backed now, on a full device: slots no launch in flight needs give their pages back
+    // first, as for the program's own allocations (the first failure is quiet).
+    slot = engine().create_slot(device, bytes, /*intercepted=*/true, backed, /*report=*/!backed);
   } catch (const Error& e) {
-    warn_slot_failure(e.what());
-    return false;
+    if (!backed || residency::make_room(device, bytes) == 0) {
+      warn_slot_failure(e.what());
+      return false;
+    }
+    try {
+      slot = engine().create_slot(device, bytes, /*intercepted=*/true, backed);
+    } catch (const Error& again) {
+      warn_slot_failure(again.what());
+      return false;
+    }
   }
   residency::adopt(slot, backed);
   register_region({slot->va, bytes, device, RegionKind::slot, capture, slot});
@@ -811,7 +824,8 @@ bool stream_capturing(CUstream stream) {
 
 namespace {
 
-Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots) {
+Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots,
+                       residency::Checked checked) {
   if (slots.empty()) return Ticket{};
   if (trace::enabled()) {
     record(trace::Event::eager, call)
@@ -819,7 +833,7 @@ Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot
         .add("slots", static_cast<uint64_t>(slots.size()))
         .emit();
   }
-  return planner::before_eager(call.symbol, stream, slots);
+  return planner::before_eager(call.symbol, stream, slots, checked);
 }
 
 }  // namespace
@@ -830,6 +844,8 @@ bool eager_wanted() {
   return t.slots.load(std::memory_order_relaxed) != 0 &&
          (planner::wants_eager() || t.captures_open.load(std::memory_order_relaxed) != 0);
 }
+
+bool access_wanted() { return tables().slots.load(std::memory_order_relaxed) != 0; }
 
 void eager_done(const Ticket& ticket) { planner::after_eager(ticket); }
 
@@ -900,7 +916,7 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
       }
     }
   }
-  return hand_to_planner(call, stream, slots);
+  return hand_to_planner(call, stream, slots, residency::Checked::when_run);
 }
 
 Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {
@@ -917,8 +933,7 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     if (ticket.result != CUDA_SUCCESS) log().error("{}: {}", call.symbol, ticket.message);
     return ticket;
   }
-  if (!planner::wants_eager()) return Ticket{};
-  return hand_to_planner(call, stream, slots);
+  return hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);
 }
 
 void exec_destroyed(const Call& call, CUgraphExec exec) {

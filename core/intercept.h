@@ -108,6 +108,10 @@ void graph_destroyed(const Call& call, CUgraph graph);
 // is off), and while any capture is open (copies and memsets recorded into slots need them
 // mapped). The hooks forward at once otherwise. Two relaxed loads.
 bool eager_wanted();
+// True once the preload has made a slot: copies and memsets are always looked up (they name
+// their addresses, and the driver checks those when they are enqueued: an evicted slot must be
+// mapped again first, whatever the plan). One relaxed load.
+bool access_wanted();
 // What asking for one kernel parameter's place gave: the place, the end of the list (a kernel
 // has that many parameters), or nothing (the kernel gives no layout).
 enum class Param { found, end, unknown };
@@ -123,9 +127,11 @@ Param driver_param_info(const void* function, size_t index, size_t* offset, size
 // buffer are scanned for slot addresses, and those slots made resident.
 Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
                     void** extra);
-// Before a copy or memset: the addresses it reads or writes (host addresses find nothing). Into
-// a capture: the slots it names get their pages now, as a captured copy needs its addresses
-// mapped.
+// Before a copy or memset: the addresses it reads or writes (host addresses find nothing). The
+// slots it names are made resident, and this thread waits until their pages are mapped: the
+// driver refuses a copy into a reserved, unmapped address when it is enqueued (the stream still
+// waits for their data on the device). Into a capture: the slots get their pages now, as a
+// captured copy needs its addresses mapped too.
 Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count);
 // After the real eager call returned.
 void eager_done(const Ticket& ticket);

@@ -197,7 +197,8 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
     if (!uses[r].empty()) plan.total_pages += pages_of(r);
   }
   plan.resident_peak = plan.total_pages;
-  if (knobs.budget_pages == 0 || plan.total_pages <= knobs.budget_pages) {
+  if (knobs.budget_pages == 0 ||
+      plan.total_pages <= std::max(knobs.budget_pages, knobs.limit_pages)) {
     plan.reason = "the period's slots fit the budget: nothing has to leave";
     return plan;
   }

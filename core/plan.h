@@ -39,6 +39,9 @@ struct Knobs {
   int prefetch_distance = 1;
   int release_lag = 0;
   uint64_t budget_pages = 0;  // device memory the period's slots may hold at once; 0: no limit
+  // When the period's slots all fit this much (residency's limit, at least budget_pages), nothing
+  // leaves; past it, the windows bring every position within budget_pages (residency's target).
+  uint64_t limit_pages = 0;
 };
 
 // One learned period.

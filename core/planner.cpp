@@ -58,7 +58,7 @@ struct Seen {
 struct Active {
   uint64_t id = 0;
   std::vector<CUgraphExec> keys;
-  std::vector<std::vector<Slot*>> needs, releases, restores;
+  std::vector<std::vector<Slot*>> releases, restores;
 };
 
 double elapsed_us(const Driver& driver, CUevent from, CUevent to) {
@@ -157,7 +157,8 @@ class Planner {
   Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
                       const std::vector<Slot*>& slots, uint64_t capture);
   void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
-  Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+  Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
+                      residency::Checked checked);
   void capture_begun();
   void exec_changed(CUgraphExec exec);
   void forget(Slot* slot);
@@ -167,6 +168,8 @@ class Planner {
     const residency::Stats r = residency::stats();
     c.stalls = r.host_waits;
     c.stall_us = r.host_wait_us;
+    c.map_waits = r.map_waits;
+    c.map_wait_us = r.map_wait_us;
     c.regions_offloaded = r.distinct_evicted;
     return c;
   }
@@ -180,7 +183,7 @@ class Planner {
     eager_.store(phase != Phase::steady || policy_.guard, std::memory_order_relaxed);
   }
   Ticket acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 const char* reason);
+                 const char* reason, residency::Checked checked = residency::Checked::when_run);
   void learn(const char* why);
   void drop_events(std::vector<Seen>& seen);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
@@ -242,10 +245,11 @@ std::string describe_graph(const char* symbol, CUgraphExec exec) {
 // =============================================================================================
 
 Ticket Planner::acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                        const char* reason) {
+                        const char* reason, residency::Checked checked) {
   Ticket ticket;
   const uint64_t start = trace::now_ns();
-  ticket.result = residency::acquire(slots, stream, what, &ticket.acquired, &ticket.message);
+  ticket.result =
+      residency::acquire(slots, stream, what, &ticket.acquired, &ticket.message, checked);
   if (ticket.result != CUDA_SUCCESS) return ticket;
   const residency::Acquired& a = ticket.acquired;
   if (phase_ == Phase::steady) counters_.on_demand_restores += a.demanded;
@@ -259,6 +263,7 @@ Ticket Planner::acquire(const std::vector<Slot*>& slots, CUstream stream, const 
         .add("bytes", a.demanded_bytes)
         .add("host_wait", a.host_waited)
         .add("dur_us", a.host_waited ? a.host_wait_us : trace::us_since(start))
+        .add("map_wait_us", a.map_wait_us)
         .hex("stream", stream_id(stream))
         .emit();
   }
@@ -390,7 +395,6 @@ void Planner::start_planning(int period) {
     active_ = Active{};
     active_.id = ++counters_.plans;
     active_.keys = keys_;
-    active_.needs.resize(static_cast<size_t>(period));
     active_.releases.resize(static_cast<size_t>(period));
     active_.restores.resize(static_cast<size_t>(period));
     set_phase(Phase::steady);
@@ -520,8 +524,9 @@ void Planner::plan(Job& job) {
         .add("device", job.device)
         .emit();
   }
-  const uint64_t budget = residency::budget(job.device);
-  const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, budget};
+  const residency::Budget budget = residency::budget(job.device);
+  const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, budget.target,
+                          budget.limit};
   const plan::Plan chosen = plan::choose(job.period, model, knobs);
 
   std::lock_guard<std::mutex> lock(mutex_);
@@ -529,14 +534,8 @@ void Planner::plan(Job& job) {
   Active active;
   active.id = ++counters_.plans;
   active.keys = keys_;
-  active.needs.resize(period);
   active.releases.resize(period);
   active.restores.resize(period);
-  for (size_t i = 0; i < period; ++i) {
-    for (int region : job.period.uses[i]) {
-      active.needs[i].push_back(job.regions[static_cast<size_t>(region)]);
-    }
-  }
   for (const plan::Window& w : chosen.windows) {
     Slot* slot = job.regions[static_cast<size_t>(w.region)];
     active.releases[static_cast<size_t>(w.release_at)].push_back(slot);
@@ -553,7 +552,8 @@ void Planner::plan(Job& job) {
       .add("period_us", job.period.length_us)
       .add("regions", static_cast<uint64_t>(job.regions.size()))
       .add("region_bytes", bytes)
-      .add("budget", budget)
+      .add("budget", budget.target)
+      .add("limit", budget.limit)
       .add("total_pages", chosen.total_pages)
       .add("resident_peak", chosen.resident_peak)
       .add("short_pages", chosen.short_pages)
@@ -647,11 +647,9 @@ Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
       counters_.planned_offloads += active_.releases[p].size();
       trace_action(trace::Event::plan_offload, active_.releases[p], stream);
     }
-    std::vector<Slot*> needs = active_.needs[p];
-    for (Slot* slot : slots) {
-      if (std::find(needs.begin(), needs.end(), slot) == needs.end()) needs.push_back(slot);
-    }
-    ticket = acquire(needs, stream, what, "graph");
+    // The launch's own slots only: the eager work that follows it (and that the period counts at
+    // this position) acquires its own, one call at a time.
+    ticket = acquire(slots, stream, what, "graph");
     if (ticket.result == CUDA_SUCCESS && !active_.restores[p].empty()) {
       residency::prefetch(active_.restores[p]);
       counters_.planned_restores += active_.restores[p].size();
@@ -739,9 +737,10 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
   }
 }
 
-Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
+Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
+                             residency::Checked checked) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Ticket ticket = acquire(slots, stream, symbol, "eager");
+  Ticket ticket = acquire(slots, stream, symbol, "eager", checked);
   if (ticket.result != CUDA_SUCCESS) {
     log().error("{}", ticket.message);
     return ticket;
@@ -786,7 +785,7 @@ void Planner::exec_changed(CUgraphExec exec) {
 void Planner::forget(Slot* slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   bool planned = false;
-  for (auto* lists : {&active_.needs, &active_.releases, &active_.restores}) {
+  for (auto* lists : {&active_.releases, &active_.restores}) {
     for (auto& list : *lists) {
       const auto it = std::find(list.begin(), list.end(), slot);
       if (it != list.end()) {
@@ -822,8 +821,9 @@ Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
 void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket) {
   planner().after_graph(exec, stream, capture, ticket);
 }
-Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots) {
-  return planner().before_eager(symbol, stream, slots);
+Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
+                    residency::Checked checked) {
+  return planner().before_eager(symbol, stream, slots, checked);
 }
 void after_eager(const Ticket& ticket) { residency::used(ticket.acquired); }
 void capture_begun() { planner().capture_begun(); }

@@ -57,7 +57,8 @@ Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
 void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
 
 // Before and after an eager kernel, copy or memset on `stream` that uses `slots` (never empty).
-Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots);
+Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
+                    residency::Checked checked);
 void after_eager(const Ticket& ticket);
 
 // A capture began: the launch pattern may change, so learning starts over.
@@ -76,6 +77,8 @@ struct Counters {
            guard_hits = 0, deviations = 0, stalls = 0;
   uint64_t regions_offloaded = 0;  // distinct slots evicted at least once
   double stall_us = 0;             // host time spent waiting for restores to be submitted
+  uint64_t map_waits = 0;          // copies and memsets that waited for pages to be mapped
+  double map_wait_us = 0;
 };
 Counters counters();
 

@@ -136,7 +136,8 @@ struct Entry {
   bool has_data = false;  // used since it got pages: an eviction copies it out
   void* host = nullptr;   // its pinned copy, kept while it moves
   Flag flag;
-  uint32_t ready = 0;  // the flag's value once its pages and data are in place
+  uint32_t ready = 0;         // the flag's value once its pages and data are in place
+  uint32_t mapped_ready = 0;  // the restore whose pages are mapped now (its data may still move)
   std::vector<std::pair<StreamKey, uint32_t>> waited;  // streams that waited for `ready`
   // Host handshake: the restore of `ready` was submitted, and ready_event follows its copy.
   bool submitted = true;
@@ -194,8 +195,8 @@ struct Device {
   std::vector<Flag> free_flags;
   uint64_t committed = 0;  // host order: pages of resident slots (restores queued included)
   uint64_t physical = 0;   // pages mapped now
-  uint64_t budget = 0;     // auto: the last budget computed
-  uint64_t reserve = 0;    // auto: what is left to the program
+  uint64_t limit = 0;      // auto: what slots may hold, last computed (free + what they hold)
+  uint64_t reserve = 0;    // auto: the headroom evictions leave the program
   uint64_t total = 0;      // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
@@ -228,7 +229,7 @@ class Residency {
   void adopt(Slot* slot, bool backed);
   void forget(Slot* slot);
   CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                   Acquired* acquired, std::string* message);
+                   Acquired* acquired, std::string* message, Checked checked);
   void used(const Acquired& acquired);
   void evict(const std::vector<Slot*>& slots, const char* cause);
   void prefetch(const std::vector<Slot*>& slots);
@@ -238,7 +239,7 @@ class Residency {
     position_ = position;
   }
   uint64_t make_room(int ordinal, uint64_t bytes);
-  uint64_t budget(int ordinal) {
+  Budget budget(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
     refresh_budget(d);
@@ -259,8 +260,13 @@ class Residency {
     auto it = ids_.find(id);
     return it == ids_.end() ? nullptr : find_locked(it->second);
   }
-  uint64_t budget_locked(const Device& d) const {
-    return settings_.budget_bytes != 0 ? settings_.budget_bytes : d.budget;
+  uint64_t reserve_locked(const Device& d) const {
+    return settings_.reserve_bytes != 0 ? settings_.reserve_bytes
+                                        : std::min<uint64_t>(kAutoReserveMax, d.total / 32);
+  }
+  Budget budget_locked(const Device& d) const {
+    if (settings_.budget_bytes != 0) return {settings_.budget_bytes, settings_.budget_bytes};
+    return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0};
   }
   int64_t distance_locked(const Entry& e) const;
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
@@ -282,6 +288,7 @@ class Residency {
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
   bool wait_submitted(const std::vector<Entry*>& entries, std::string* why);
+  bool wait_mapped(const std::vector<Slot*>& slots, std::string* why);
   void used_submitted(const Acquired& acquired);
 
   // Workers.
@@ -373,9 +380,11 @@ void Residency::start_device(Device& d) {
     std::lock_guard<std::mutex> lock(mutex_);
     s = settings_;
   }
-  d.reserve =
-      s.reserve_bytes != 0 ? s.reserve_bytes : std::min<uint64_t>(kAutoReserveMax, d.total / 32);
-  d.budget = free_bytes > d.reserve ? free_bytes - d.reserve : 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    d.reserve = reserve_locked(d);
+  }
+  d.limit = free_bytes;
   // The device handshake needs stream memory operations, and must not park a stream where one
   // hardware queue would hold vaswap's copies behind it (CUDA_DEVICE_MAX_CONNECTIONS=1).
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -687,8 +696,8 @@ void Residency::refresh_budget(Device& d) {
   }
   if (rc != CUDA_SUCCESS) return;  // keep the last figure
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t have = free_bytes + d.physical;
-  d.budget = have > d.reserve ? have - d.reserve : 0;
+  d.limit = free_bytes + d.physical;
+  d.reserve = reserve_locked(d);
 }
 
 // Pinned copies for the victims that will copy data out, within host_pool.limit.
@@ -777,6 +786,32 @@ bool Residency::wait_submitted(const std::vector<Entry*>& entries, std::string* 
   return true;
 }
 
+// A copy or memset is checked against its addresses when it is enqueued: until each slot's pages
+// of its latest restore are mapped (the stream still waits for their data on the device).
+bool Residency::wait_mapped(const std::vector<Slot*>& slots, std::string* why) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto in_place = [this](const Slot* slot) {
+    const Entry* e = find_locked(slot);
+    return e == nullptr || e->forgotten ||
+           (e->mapped &&
+            (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
+  };
+  if (std::all_of(slots.begin(), slots.end(), in_place)) return true;
+  const uint64_t start = trace::now_ns();
+  const bool done = changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
+    return std::all_of(slots.begin(), slots.end(), in_place);
+  });
+  ++stats_.map_waits;
+  stats_.map_wait_us += trace::us_since(start);
+  if (!done) {
+    *why =
+        "the pages of a slot it copies into or out of were not mapped within "
+        "residency.wait_limit";
+    return false;
+  }
+  return true;
+}
+
 // =============================================================================================
 // Public operations
 // =============================================================================================
@@ -847,7 +882,8 @@ void Residency::forget(Slot* slot) {
 }
 
 CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
-                            const std::string& what, Acquired* acquired, std::string* message) {
+                            const std::string& what, Acquired* acquired, std::string* message,
+                            Checked checked) {
   acquired->slots.clear();
   acquired->stream = stream;
   if (slots.empty()) return CUDA_SUCCESS;
@@ -874,33 +910,34 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         if (e->where != Where::resident) new_pages += e->pages;
       }
       refresh = new_pages > 0 && !refreshed && settings_.budget_bytes == 0;
-      const uint64_t budget = budget_locked(d);
-      if (!refresh && need_pages > budget) {
+      const Budget budget = budget_locked(d);
+      if (!refresh && need_pages > budget.limit) {
         ++stats_.oom_launches;
         *message = what + " needs " + byte_size(need_pages) + " of slots on device " +
                    std::to_string(ordinal) + " at once, more than the residency budget of " +
-                   byte_size(budget) +
+                   byte_size(budget.limit) +
                    (settings_.budget_bytes != 0
                         ? std::string(" (residency.budget)")
-                        : " (what the device has free, less residency.reserve of " +
-                              byte_size(d.reserve) + ")") +
+                        : std::string(" (what the device has free with every slot evicted)")) +
                    "; nothing was launched and every slot keeps its data. Raise the budget, or "
                    "free device memory";
         if (trace::enabled()) {
           trace::Record(trace::Event::oom)
               .add("what", what)
               .add("need_bytes", need_pages)
-              .add("budget_bytes", budget)
+              .add("budget_bytes", budget.limit)
               .add("device", ordinal)
               .emit();
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
-      if (!refresh && d.committed + new_pages > budget) {
-        victims = victims_locked(d, d.committed + new_pages - budget, needed);
+      // Over the limit: evict down to the target, leaving the reserve as headroom (auto).
+      if (!refresh && d.committed + new_pages > budget.limit) {
+        const uint64_t to = std::max(budget.target, need_pages);
+        victims = victims_locked(d, d.committed + new_pages - to, needed);
         uint64_t freed = 0;
         for (const Entry* v : victims) freed += v->pages;
-        if (d.committed + new_pages - freed > budget) {
+        if (d.committed + new_pages - freed > budget.limit) {
           ++stats_.oom_launches;
           *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
                      std::to_string(ordinal) + ", but only " + byte_size(freed) +
@@ -969,6 +1006,17 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         }
         if (event != nullptr) driver.cuStreamWaitEvent(stream, event, 0);
       }
+    }
+    if (checked == Checked::when_enqueued) {
+      std::string why;
+      const uint64_t start = trace::now_ns();
+      if (!wait_mapped(acquired->slots, &why)) {
+        used_submitted(*acquired);
+        acquired->slots.clear();
+        *message = what + ": " + why;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      acquired->map_wait_us = trace::us_since(start);
     }
     return CUDA_SUCCESS;
   }
@@ -1058,7 +1106,8 @@ void Residency::prefetch(const std::vector<Slot*>& slots) {
       wanted.push_back(e);
       new_pages += e->pages;
     }
-    const uint64_t budget = budget_locked(d);
+    // Planned restores stay within the target: they evict others only under pressure.
+    const uint64_t budget = budget_locked(d).target;
     if (!wanted.empty() && d.committed + new_pages > budget) {
       victims = victims_locked(d, d.committed + new_pages - budget, wanted);
     }
@@ -1075,7 +1124,7 @@ void Residency::prefetch(const std::vector<Slot*>& slots) {
         evict_locked(*v, "budget", &actions);
       }
     }
-    const uint64_t budget = budget_locked(d);
+    const uint64_t budget = budget_locked(d).target;
     for (Entry* e : wanted) {
       if (entries_.count(e->slot) == 0 || e->where == Where::resident) continue;
       if (d.committed + e->pages > budget) break;  // the rest waits for its use
@@ -1168,7 +1217,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
       }
       // Nothing is evicted here: an eviction records its last uses on their streams, and a
       // stream that is capturing would record that into the graph instead.
-      const uint64_t budget = budget_locked(d);
+      const uint64_t budget = budget_locked(d).limit;
       if (d.committed + new_pages > budget) {
         ++stats_.oom_launches;
         *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
@@ -1208,7 +1257,7 @@ Stats Residency::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
   for (const auto& [ordinal, d] : devices_) {
-    s.budget_bytes = budget_locked(*d);
+    s.budget_bytes = budget_locked(*d).limit;
     break;
   }
   return s;
@@ -1439,6 +1488,7 @@ void Residency::do_restore(Device& d, const Job& job) {
         if (e->mapped) {
           // That eviction could not unmap: pages and data stayed where they were. Publish.
           e->submitted = true;
+          e->mapped_ready = job.ready;
           if (d.device_handshake) flag.store(job.ready);
           changed_.notify_all();
           return;
@@ -1487,7 +1537,10 @@ void Residency::do_restore(Device& d, const Job& job) {
     d.physical += slot->mapped_bytes;
     stats_.resident_bytes += slot->mapped_bytes;
     stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);
-    if (e != nullptr) e->mapped = true;
+    if (e != nullptr) {
+      e->mapped = true;
+      e->mapped_ready = job.ready;
+    }
   }
   changed_.notify_all();
   const Driver& driver = drv();
@@ -1775,8 +1828,8 @@ void configure(const Settings& settings) { the().configure(settings); }
 void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 Acquired* acquired, std::string* message) {
-  return the().acquire(slots, stream, what, acquired, message);
+                 Acquired* acquired, std::string* message, Checked checked) {
+  return the().acquire(slots, stream, what, acquired, message, checked);
 }
 void used(const Acquired& acquired) { the().used(acquired); }
 void evict(const std::vector<Slot*>& slots, const char* cause) { the().evict(slots, cause); }
@@ -1784,7 +1837,7 @@ void prefetch(const std::vector<Slot*>& slots) { the().prefetch(slots); }
 void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_schedule(uses); }
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
-uint64_t budget(int device) { return the().budget(device); }
+Budget budget(int device) { return the().budget(device); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
   return the().back_for_capture(slots, message);
 }

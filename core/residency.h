@@ -40,7 +40,8 @@ enum class Handshake { automatic, device, host };
 
 struct Settings {
   uint64_t budget_bytes = 0;   // 0: auto (what the device has, less the reserve)
-  uint64_t reserve_bytes = 0;  // auto budget only; 0: auto (min(512 MiB, 1/32 of the device))
+  uint64_t reserve_bytes = 0;  // auto budget only: headroom evictions leave; 0: auto (min(512
+                               // MiB, 1/32 of the device))
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   uint64_t host_limit_bytes = 0;  // pinned host memory for evicted slots; 0: no limit
@@ -64,14 +65,22 @@ struct Acquired {
   uint64_t demanded_bytes = 0;
   bool host_waited = false;  // host handshake: this thread waited for a restore's submission
   double host_wait_us = 0;
+  double map_wait_us = 0;  // a copy or memset: this thread waited for pages to be mapped
 };
+
+// When the driver checks the work's addresses (bench/results/launch_unmapped_h200.txt): kernels
+// and graph launches only when they run, so their pages may be mapped while the stream waits;
+// copies and memsets when they are enqueued, so their pages must be mapped before the call.
+enum class Checked { when_run, when_enqueued };
 
 // Before work on `stream` that uses `slots` (each listed once). `what` names the work in errors
 // ("cudaGraphLaunch of graph 0x…"). On success the stream waits (on the device, or the host
-// waited) for every slot's pages and data. CUDA_ERROR_OUT_OF_MEMORY: they cannot fit the budget
-// at once, or a restore failed; `message` says why, nothing was enqueued, the data stays safe.
+// waited) for every slot's pages and data; with Checked::when_enqueued this thread has also
+// waited until the pages are mapped (not for their data). CUDA_ERROR_OUT_OF_MEMORY: they cannot
+// fit the budget at once, or a restore failed; `message` says why, nothing was enqueued, the data
+// stays safe.
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 Acquired* acquired, std::string* message);
+                 Acquired* acquired, std::string* message, Checked checked = Checked::when_run);
 // After the work was enqueued: the slots were used on the stream (their next eviction waits for
 // that use), and may be evicted again.
 void used(const Acquired& acquired);
@@ -87,8 +96,15 @@ void prefetch(const std::vector<Slot*>& slots);
 void set_schedule(const std::vector<std::vector<Slot*>>& uses_by_position);
 void at_position(int position);
 
-// The budget of `device` now (auto: read from the device).
-uint64_t budget(int device);
+// The budget of `device` now. `limit`: what slots may hold at once (auto: what the device has
+// free plus what slots hold, read from the device). `target`: what evictions bring them down to
+// once the limit is reached (auto: the limit less residency.reserve, headroom left to the
+// program's own allocations; a size: the limit). Slots grow into all the device has, so a job
+// that fits evicts nothing; under pressure they leave the reserve free.
+struct Budget {
+  uint64_t limit = 0, target = 0;
+};
+Budget budget(int device);
 
 // The program's own allocation on `device` failed for want of memory: evict slots that no
 // launch in flight needs until `bytes` more are free, waiting (bounded) for their copies.
@@ -110,6 +126,8 @@ struct Stats {
   uint64_t oom_launches = 0;  // launches refused with out-of-memory
   uint64_t host_waits = 0;    // host handshakes that had to wait for a worker
   double host_wait_us = 0;
+  uint64_t map_waits = 0;  // copies and memsets that waited for their slots' pages to be mapped
+  double map_wait_us = 0;
   uint64_t host_bytes = 0;        // pinned bytes held for evicted slots
   bool device_handshake = false;  // stream memory operations in use
 };

@@ -547,7 +547,7 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
   R (*real)(D, S, size_t, Rest...);
   Call call;
   R operator()(D dst, S src, size_t bytes, Rest... rest) const {
-    if (!handle() || !intercept::eager_wanted()) return real(dst, src, bytes, rest...);
+    if (!handle() || !intercept::access_wanted()) return real(dst, src, bytes, rest...);
     Scope scope;  // held through the real call: cudart's own copy is not handled again
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
     const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 2);
@@ -566,7 +566,7 @@ struct Set<R (*)(D, V, size_t, Rest...)> {
   R (*real)(D, V, size_t, Rest...);
   Call call;
   R operator()(D dst, V value, size_t count, Rest... rest) const {
-    if (!handle() || !intercept::eager_wanted()) return real(dst, value, count, rest...);
+    if (!handle() || !intercept::access_wanted()) return real(dst, value, count, rest...);
     Scope scope;
     const uintptr_t addresses[] = {address_of(dst)};
     const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 1);

@@ -37,9 +37,16 @@ def main():
                         "accumulates with atomics: see docs/INTERPOSITION.md)")
     p.add_argument("--shift-mib", type=int, default=0,
                    help="hold a cudaMalloc'd block of this size first, moving every later segment")
+    p.add_argument("--limit-gib", type=float, default=0,
+                   help="leave the job this much device memory: hold the rest of what is free "
+                        "(one cudaMalloc'd block, made before the model) as a smaller GPU would")
     p.add_argument("--graph", choices=("per-layer", "whole"), default="per-layer",
                    help="per-layer: one forward and one backward graph per layer (the default); "
                         "whole: all layers graphed together, one graph each way")
+    p.add_argument("--pool", choices=("shared", "own"), default="shared",
+                   help="per-layer graphs: shared: one make_graphed_callables call for all "
+                        "layers, whose graphs share one memory pool (the default); own: one call "
+                        "per layer, each with its own pool")
     p.add_argument("--out", help="write the losses, step times and memory figures here (JSON)")
     args = p.parse_args()
 
@@ -53,6 +60,11 @@ def main():
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_cudnn_sdp(False)
     shift = torch.empty(args.shift_mib << 20, dtype=torch.uint8, device=device)  # noqa: F841
+    held = 0
+    if args.limit_gib > 0:
+        free, _ = torch.cuda.mem_get_info()
+        held = max(0, free - int(args.limit_gib * 2**30))
+        hold = torch.empty(held, dtype=torch.uint8, device=device)  # noqa: F841
 
     layers = [
         torch.nn.TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, dropout=0.0,
@@ -65,14 +77,18 @@ def main():
 
     shape = (args.batch, args.seq, args.d_model)
     samples = tuple((torch.randn(shape, device=device, requires_grad=True),) for _ in layers)
-    if args.graph == "per-layer":
+    if args.graph == "per-layer" and args.pool == "shared":
         graphed = torch.cuda.make_graphed_callables(tuple(layers), samples)
+    elif args.graph == "per-layer":
+        graphed = tuple(torch.cuda.make_graphed_callables(layer, sample)
+                        for layer, sample in zip(layers, samples))
     else:
         graphed = (torch.cuda.make_graphed_callables(torch.nn.Sequential(*layers), samples[0]),)
 
     data = torch.randn((args.steps,) + shape, device=device)
     target = torch.randn((args.steps,) + shape, device=device)
     losses, step_ms = [], []
+    least_free = torch.cuda.mem_get_info()[0]
     torch.cuda.synchronize()
     start = time.perf_counter()
     for step in range(args.steps):
@@ -86,18 +102,23 @@ def main():
         optimizer.step()
         value = loss.item()  # waits for the step
         step_ms.append(1e3 * (time.perf_counter() - step_start))
+        least_free = min(least_free, torch.cuda.mem_get_info()[0])
         losses.append(value.hex())
         print(f"step {step:3d} loss {value.hex()} ({value:.6f})", flush=True)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     free, total = torch.cuda.mem_get_info()
+    # The caching allocator keeps what it takes: without vaswap the most in use is at a step's end.
+    peak = total - min(least_free, free) - held
     print(f"{args.steps} steps in {elapsed:.3f} s ({1e3 * elapsed / args.steps:.2f} ms/step); "
-          f"device memory in use {(total - free) / 2**30:.2f} GiB (cudaMemGetInfo)")
+          f"device memory in use {(total - free) / 2**30:.2f} GiB (cudaMemGetInfo), at most "
+          f"{peak / 2**30:.2f} GiB at a step's end besides {held / 2**30:.2f} GiB held")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "ms_per_step": 1e3 * elapsed / args.steps,
-                       "step_ms": step_ms,
-                       "device_bytes_in_use": total - free, "args": vars(args)}, f, indent=1)
+                       "step_ms": step_ms, "device_bytes_in_use": total - free,
+                       "peak_bytes_at_step_end": peak, "held_bytes": held, "args": vars(args)},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ struct Options {
   int eval_every = 0;  // 0: never
   int peek_step = -1;  // -1: never
   bool api_graph = false;
-  int extra_mib = 0;  // 0: none
+  int extra_mib = 0;   // 0: none
+  long limit_mib = 0;  // 0: the whole device
   const char* out = nullptr;
 };
 
@@ -115,7 +116,7 @@ void usage(FILE* to) {
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--eval-every N] [--peek-step N] [--api-graph] [--extra-mib N]\n"
-      "                    [--out FILE] [--quiet]\n"
+      "                    [--limit-mib N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -134,6 +135,9 @@ void usage(FILE* to) {
       "                  (cudaGraphExecUpdate)\n"
       "  --extra-mib N   after step 5, allocate N MiB more (cudaMalloc, as an optimizer's\n"
       "                  state grows) and keep it to the end\n"
+      "  --limit-mib N   leave the job N MiB of device memory: first hold the rest of what\n"
+      "                  is free (cudaMallocAsync, which vaswap never makes a slot), as a\n"
+      "                  smaller GPU would\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -160,6 +164,7 @@ Options parse(int argc, char** argv) {
                                  {"out", required_argument, nullptr, 'o'},
                                  {"api-graph", no_argument, nullptr, 'a'},
                                  {"extra-mib", required_argument, nullptr, 'x'},
+                                 {"limit-mib", required_argument, nullptr, 'm'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -200,6 +205,10 @@ Options parse(int argc, char** argv) {
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
         o.extra_mib = static_cast<int>(v);
+        break;
+      case 'm':
+        ok = parse_number(optarg, 1, 1L << 30, &v);
+        o.limit_mib = v;
         break;
       case 'q': o.quiet = true; break;
       case 'h': usage(stdout); std::exit(0);
@@ -309,6 +318,14 @@ int main(int argc, char** argv) {
 
   size_t free_start = 0, total = 0;
   CHECK(cudaMemGetInfo(&free_start, &total));
+  void* hold = nullptr;
+  size_t held = 0;
+  if (o.limit_mib > 0 && free_start > (size_t(o.limit_mib) << 20)) {
+    held = free_start - (size_t(o.limit_mib) << 20);
+    CHECK(cudaMallocAsync(&hold, held, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemGetInfo(&free_start, &total));
+  }
 
   std::vector<Layer> layers(static_cast<size_t>(o.layers));
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -359,6 +376,7 @@ int main(int argc, char** argv) {
 
   uint64_t checksum = 1469598103934665603ull;
   void* extra = nullptr;
+  size_t least_free = free_start;  // after the hold: the job's own use is free_start - least_free
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<double> step_ms;
   for (int step = 0; step < o.steps; ++step) {
@@ -404,6 +422,9 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
             .count());
     if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
+    size_t free_now = 0;
+    CHECK(cudaMemGetInfo(&free_now, &total));
+    least_free = free_now < least_free ? free_now : least_free;
     if (step == 5 && o.extra_mib > 0) {
       const size_t extra_bytes = size_t(o.extra_mib) << 20;
       CHECK(cudaMalloc(&extra, extra_bytes));
@@ -460,7 +481,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < step_ms.size(); ++i) {
       std::fprintf(f, "%s%.4f", i == 0 ? "" : ", ", step_ms[i]);
     }
-    std::fprintf(f, "]}\n");
+    std::fprintf(f, "], \"least_free_bytes\": %zu, \"held_bytes\": %zu}\n", least_free, held);
     std::fclose(f);
   }
 
@@ -476,6 +497,8 @@ int main(int argc, char** argv) {
   }
   CHECK(cudaFree(peek));
   CHECK(cudaFreeHost(host));
+  if (hold != nullptr) CHECK(cudaFreeAsync(hold, s));
+  CHECK(cudaStreamSynchronize(s));
   CHECK(cudaStreamDestroy(s));
   return 0;
 }

@@ -39,9 +39,11 @@ class ResidencyTest : public SimTest {
     SimTest::TearDown();
   }
   static void configure(uint64_t budget, uint64_t host_limit = 0,
-                        residency::Handshake handshake = residency::Handshake::automatic) {
+                        residency::Handshake handshake = residency::Handshake::automatic,
+                        uint64_t reserve = 0) {
     residency::Settings s;
     s.budget_bytes = budget;
+    s.reserve_bytes = reserve;
     s.host_limit_bytes = host_limit;
     s.handshake = handshake;
     s.wait_limit_ns = 5000000000;
@@ -55,12 +57,15 @@ class ResidencyTest : public SimTest {
     return slot;
   }
   bool mapped(Slot* slot) { return engine().info(slot).mapped == 1; }
-  // Work on the stream that uses `slots`, as a launch would: acquire, enqueue, used.
+  // Work on the stream that uses `slots`, as the hooks do: acquire, enqueue, used. Copies and
+  // memsets (the default) need their pages mapped when they are enqueued.
   CUresult use(const std::vector<Slot*>& slots, const std::function<void()>& work,
-               std::string* message = nullptr) {
+               std::string* message = nullptr,
+               residency::Checked checked = residency::Checked::when_enqueued) {
     residency::Acquired acquired;
     std::string why;
-    const CUresult rc = residency::acquire(slots, stream_, "a test launch", &acquired, &why);
+    const CUresult rc =
+        residency::acquire(slots, stream_, "a test launch", &acquired, &why, checked);
     if (message != nullptr) *message = why;
     if (rc != CUDA_SUCCESS) return rc;
     work();
@@ -94,6 +99,16 @@ class ResidencyTest : public SimTest {
     ADD_FAILURE() << "slots did not reach mapped=" << want;
   }
 
+  // Two slots under a budget of one page, filled in turn: the first leaves for the second.
+  std::pair<Slot*, Slot*> one_evicted(uint32_t first_seed, uint32_t second_seed) {
+    configure(1 * kPage);
+    Slot* first = make_slot();
+    Slot* second = make_slot();
+    fill(first, first_seed);
+    fill(second, second_seed);
+    return {first, second};
+  }
+
   CUstream stream_ = nullptr;
   std::vector<Slot*> slots_;
 };
@@ -124,6 +139,38 @@ TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
   for (uint32_t i = 0; i < 6; ++i) expect_holds(slots[i], 100 + i);
   EXPECT_LE(residency::stats().peak_resident, 3 * kPage);
   EXPECT_GE(residency::stats().evictions, 3u);
+}
+
+// The auto budget: slots grow into everything the device has free (a job that fits evicts
+// nothing, whatever the reserve), and once they must evict, they go down to the reserve below
+// it, leaving that much to the program's own allocations.
+TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPressure) {
+  configure(0, 0, residency::Handshake::automatic, /*reserve=*/4 * kPage);
+  // Leave 6 pages free on the device.
+  size_t free = 0, total = 0;
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  CUdeviceptr held = 0;
+  ASSERT_CU(cuMemAlloc(&held, free - 6 * kPage));
+  const uint64_t before = residency::stats().evictions;
+  std::vector<Slot*> slots;
+  for (uint32_t i = 0; i < 6; ++i) {
+    slots.push_back(make_slot());
+    fill(slots.back(), 50 + i);
+  }
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_EQ(residency::stats().evictions - before, 0u) << "six pages fit the six free";
+  for (Slot* s : slots) EXPECT_TRUE(mapped(s));
+  // A seventh: the device is full. Evictions bring the slots to 6 - 4 = 2 pages, the new one
+  // included: five leave.
+  slots.push_back(make_slot());
+  fill(slots.back(), 56);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_EQ(residency::stats().evictions - before, 5u);
+  wait_mapped({slots[0], slots[1], slots[2], slots[3], slots[4]}, false);
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  EXPECT_EQ(free, 4 * kPage) << "the reserve is free for the program";
+  for (uint32_t i = 0; i < 7; ++i) expect_holds(slots[i], 50 + i);
+  ASSERT_CU(cuMemFree(held));
 }
 
 TEST_F(ResidencyTest, WithoutAScheduleTheLeastRecentlyUsedLeaves) {
@@ -215,24 +262,41 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
 }
 
 TEST_F(ResidencyTest, TheStreamWaitsOnTheDeviceAndTheHostDoesNot) {
-  configure(1 * kPage);
-  Slot* a = make_slot();
-  Slot* b = make_slot();
-  fill(a, 11);
-  fill(b, 12);  // a leaves
-  // a comes back: the stream is parked on its flag until the restore lands; the host goes on.
+  Slot* a = one_evicted(11, 12).first;
+  // a comes back for a kernel: the stream is parked on its flag until the restore lands; the
+  // host goes on (a kernel's addresses are checked only when it runs).
   residency::Acquired acquired;
   std::string message;
   ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
   EXPECT_FALSE(acquired.host_waited);
   EXPECT_EQ(acquired.waits, 1u);
   EXPECT_EQ(acquired.demanded, 1u);
+  auto* words = reinterpret_cast<uint32_t*>(a->va);
+  ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
+  residency::used(acquired);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  expect_holds(a, 12);
+  EXPECT_TRUE(residency::stats().device_handshake);
+}
+
+// A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
+// acquire for one returns only once the slot's pages are mapped again, and the copy, enqueued at
+// once, reads the data back in full.
+TEST_F(ResidencyTest, ACopyIsEnqueuedOnlyOnceItsPagesAreMapped) {
+  auto [a, b] = one_evicted(13, 14);
+  wait_mapped({a}, false);
+  residency::Acquired acquired;
+  std::string message;
+  ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test copy", &acquired, &message,
+                                             residency::Checked::when_enqueued));
+  EXPECT_TRUE(mapped(a)) << "the copy is enqueued next: its address must be mapped now";
+  EXPECT_EQ(acquired.demanded, 1u);
   std::vector<uint32_t> host(kWords, 0);
   ASSERT_CU(cuMemcpyDtoHAsync(host.data(), a->va, kPage, stream_));
   residency::used(acquired);
   ASSERT_CU(cuStreamSynchronize(stream_));
-  EXPECT_EQ(std::count(host.begin(), host.end(), 11u), static_cast<long>(kWords));
-  EXPECT_TRUE(residency::stats().device_handshake);
+  EXPECT_EQ(std::count(host.begin(), host.end(), 13u), static_cast<long>(kWords));
+  EXPECT_FALSE(mapped(b)) << "b left for a (a budget of one page)";
 }
 
 // Device 1 starts without stream memory operations, device 2 with CUDA_DEVICE_MAX_CONNECTIONS=1:

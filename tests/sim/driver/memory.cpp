@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "state.h"
@@ -109,6 +110,31 @@ CUmemorytype memory_type(uintptr_t p) {
   auto it = find_range(p);
   if (it == ranges().end()) return CU_MEMORYTYPE_HOST;  // pageable host memory
   return it->second.kind == Kind::kHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+}
+
+// Copies and memsets are checked against their addresses when they are enqueued or recorded into
+// a capture (measured on the H200, bench/results/launch_unmapped_h200.txt): a span inside a
+// reservation must be mapped, with access, from end to end, else CUDA_ERROR_INVALID_VALUE.
+// Kernels are not checked, and graph nodes are not checked again at launch: they may name pages
+// that are mapped only before they run.
+CUresult check_span(uintptr_t p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = find_range(p);
+  if (it == ranges().end() || it->second.kind != Kind::kReservation) return CUDA_SUCCESS;
+  const uintptr_t end = p + std::max<size_t>(bytes, 1);
+  uintptr_t at = p;
+  auto m = mappings().upper_bound(at);
+  if (m == mappings().begin()) return CUDA_ERROR_INVALID_VALUE;
+  --m;
+  while (at < end) {
+    if (m == mappings().end() || m->first > at || m->first + m->second.bytes <= at ||
+        m->second.prot == PROT_NONE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    at = m->first + m->second.bytes;
+    ++m;
+  }
+  return CUDA_SUCCESS;
 }
 
 void release_if_unused(PhysicalHandle* h) {  // caller holds memory_mutex()
@@ -564,6 +590,8 @@ CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* pro
 
 static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs,
                            CUmemorytype dst_t, CUmemorytype src_t) {
+  if (dst_t == CU_MEMORYTYPE_DEVICE) SIM_TRY(check_span(reinterpret_cast<uintptr_t>(dst), bytes));
+  if (src_t == CU_MEMORYTYPE_DEVICE) SIM_TRY(check_span(reinterpret_cast<uintptr_t>(src), bytes));
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = linear_copy(dst, dst_t, src, src_t, bytes);
@@ -623,6 +651,7 @@ CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 
 static CUresult memset_async(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
                              CUstream hs) {
+  SIM_TRY(check_span(dst, count * element));
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMSET;
   node->memset.dst = dst;

@@ -292,4 +292,72 @@ TEST_F(MemopTest, OneQueueHoldsOtherStreamsBehindAWait) {
   ASSERT_CU(cuStreamDestroy(copier));
 }
 
+// As on the H200 (bench/results/launch_unmapped_h200.txt): a copy or memset is checked against its
+// addresses when it is enqueued or captured, so one into a reserved, unmapped address fails even
+// when the stream would map it in time; a graph's copy and memset nodes are not checked at launch
+// and run correctly once the pages are mapped before them.
+TEST_F(MemopTest, CopiesAreCheckedAtEnqueueGraphNodesWhenTheyRun) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ManualSlot src, dst;
+  src.reserve(kGran);
+  dst.reserve(kGran);
+  const CUmemGenericAllocationHandle src_pages = src.map_new();
+  for (uint32_t i = 0; i < kGran / 4; ++i) src.words()[i] = 0x5000u + i;
+
+  // Unmapped: every enqueued form and a capture fail, and nothing was queued.
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoDAsync(dst.va, src.va, kGran, s));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoDAsync(src.va, dst.va, kGran, s));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoD(dst.va, src.words(), 64));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemsetD32Async(dst.va + 64, 1, 4, s));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemsetD8(dst.va, 1, 1));
+  // A span that runs past the mapped pages of a reservation is refused as well.
+  ManualSlot wide;
+  wide.reserve(2 * kGran);
+  CUmemGenericAllocationHandle half = 0;
+  const CUmemAllocationProp prop = device_prop();
+  const CUmemAccessDesc access = rw_access();
+  ASSERT_CU(cuMemCreate(&half, kGran, &prop, 0));
+  ASSERT_CU(cuMemMap(wide.va, kGran, 0, half, 0));
+  ASSERT_CU(cuMemSetAccess(wide.va, kGran, &access, 1));
+  EXPECT_EQ(CUDA_SUCCESS, cuMemsetD8Async(wide.va, 1, kGran, s));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemsetD8Async(wide.va, 1, kGran + 1, s));
+  CUgraph graph = nullptr;
+  ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoDAsync(dst.va, src.va, kGran, s));
+  cuStreamEndCapture(s, &graph);
+  if (graph != nullptr) cuGraphDestroy(graph);
+  graph = nullptr;
+
+  // Captured while mapped, launched while not: the launch succeeds and the nodes run after the
+  // flag, by which time the pages are back.
+  CUmemGenericAllocationHandle pages = dst.map_new();
+  ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  ASSERT_CU(cuMemsetD8Async(dst.va + kGran / 2, 3, kGran / 2, s));
+  ASSERT_CU(cuMemcpyDtoDAsync(dst.va, src.va, kGran / 2, s));
+  ASSERT_CU(cuStreamEndCapture(s, &graph));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, graph, 0));
+  ASSERT_CU(cuMemUnmap(dst.va, dst.bytes));
+  ASSERT_CU(cuMemRelease(pages));
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
+  ASSERT_CU(cuGraphLaunch(exec, s));
+  pages = dst.map_new();
+  set_flag(1);
+  ASSERT_CU(cuStreamSynchronize(s));
+  for (uint32_t i = 0; i < kGran / 8; ++i) ASSERT_EQ(0x5000u + i, dst.words()[i]) << "word " << i;
+  EXPECT_EQ(0x03030303u, dst.words()[kGran / 4 - 1]);
+
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(graph));
+  ASSERT_CU(cuMemUnmap(dst.va, dst.bytes));
+  ASSERT_CU(cuMemRelease(pages));
+  ASSERT_CU(cuMemUnmap(src.va, src.bytes));
+  ASSERT_CU(cuMemRelease(src_pages));
+  ASSERT_CU(cuMemUnmap(wide.va, kGran));
+  ASSERT_CU(cuMemRelease(half));
+  for (ManualSlot* m : {&src, &dst, &wide}) ASSERT_CU(cuMemAddressFree(m->va, m->bytes));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
 }  // namespace

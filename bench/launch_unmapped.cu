@@ -1,0 +1,154 @@
+// Probe: what the driver checks when work names a reserved address whose pages are not mapped
+// yet (they are mapped by another thread before the work runs, while the stream waits on a flag).
+//   1. an eager cudaMemcpyAsync / cudaMemsetAsync into it: checked at the call?
+//   2. a graph whose memcpy and memset nodes were captured while it was mapped, launched while
+//      it is not: checked at cuGraphLaunch, or only when the node runs?
+//   3. the same for a kernel node.
+// Each case: the stream first waits on a flag in pinned host memory; the host maps the pages,
+// then writes the flag; the result must be what the work wrote.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    CUresult r_ = (x);                                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                              \
+      const char* n_ = nullptr;                                                            \
+      cuGetErrorName(r_, &n_);                                                             \
+      std::printf("FATAL %s: %s\n", #x, n_);                                               \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+__global__ void fill(unsigned* p, unsigned v, size_t n) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v;
+}
+
+namespace {
+
+constexpr size_t kBytes = 2u << 20;
+
+struct Pages {
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  int map() {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CK(cuMemCreate(&h, kBytes, &prop, 0));
+    CK(cuMemMap(va, kBytes, 0, h, 0));
+    CK(cuMemSetAccess(va, kBytes, &access, 1));
+    return 0;
+  }
+  int unmap() {
+    CK(cuMemUnmap(va, kBytes));
+    CK(cuMemRelease(h));
+    return 0;
+  }
+};
+
+const char* name(cudaError_t e) { return cudaGetErrorName(e); }
+
+}  // namespace
+
+int main() {
+  CK(cuInit(0));
+  cudaSetDevice(0);
+  cudaFree(nullptr);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  unsigned* flag = nullptr;
+  cudaHostAlloc(reinterpret_cast<void**>(&flag), 64, cudaHostAllocMapped);
+  Pages dst, src;
+  CK(cuMemAddressReserve(&dst.va, kBytes, 0, 0, 0));
+  CK(cuMemAddressReserve(&src.va, kBytes, 0, 0, 0));
+  if (src.map()) return 1;
+  cudaMemsetAsync(reinterpret_cast<void*>(src.va), 7, kBytes, s);
+  cudaStreamSynchronize(s);
+  std::vector<unsigned char> host(kBytes);
+  unsigned value = 1;
+
+  auto park = [&] {
+    *flag = 0;
+    CK(cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag),
+                           value, CU_STREAM_WAIT_VALUE_GEQ));
+    return 0;
+  };
+  auto release = [&]() -> int {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (dst.map()) return 1;
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+    return 0;
+  };
+  auto check = [&](const char* what, unsigned char want) {
+    cudaError_t e = cudaStreamSynchronize(s);
+    cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    for (unsigned char b : host) bad += b != want;
+    std::printf("%-44s sync %s, %zu bytes wrong\n", what, name(e), bad);
+  };
+
+  // 1. eager copy and memset into the unmapped address
+  if (park()) return 1;
+  cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(dst.va),
+                                  reinterpret_cast<void*>(src.va), kBytes,
+                                  cudaMemcpyDeviceToDevice, s);
+  std::printf("eager cudaMemcpyAsync into an unmapped VA: %s\n", name(e));
+  cudaGetLastError();
+  e = cudaMemsetAsync(reinterpret_cast<void*>(dst.va), 3, kBytes, s);
+  std::printf("eager cudaMemsetAsync into an unmapped VA: %s\n", name(e));
+  cudaGetLastError();
+  if (release()) return 1;
+  cudaStreamSynchronize(s);
+  if (dst.unmap()) return 1;
+
+  // 2. graph with memcpy + memset nodes captured while mapped, launched while not
+  if (dst.map()) return 1;
+  cudaGraph_t g;
+  cudaGraphExec_t x;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  cudaMemsetAsync(reinterpret_cast<void*>(dst.va), 3, kBytes, s);
+  cudaMemcpyAsync(reinterpret_cast<void*>(dst.va), reinterpret_cast<void*>(src.va), kBytes / 2,
+                  cudaMemcpyDeviceToDevice, s);
+  e = cudaStreamEndCapture(s, &g);
+  std::printf("capture of memset+memcpy nodes (mapped): %s\n", name(e));
+  e = cudaGraphInstantiate(&x, g, 0);
+  std::printf("instantiate: %s\n", name(e));
+  if (dst.unmap()) return 1;
+  ++value;
+  if (park()) return 1;
+  e = cudaGraphLaunch(x, s);
+  std::printf("cudaGraphLaunch with its memcpy/memset target unmapped: %s\n", name(e));
+  if (release()) return 1;
+  cudaStreamSynchronize(s);
+  cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
+  size_t copied = 0, set = 0;
+  for (size_t i = 0; i < kBytes; ++i) (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
+  std::printf("graph result: %zu of %zu copied bytes right, %zu of %zu set bytes right\n", copied,
+              kBytes / 2, set, kBytes / 2);
+  if (dst.unmap()) return 1;
+
+  // 3. kernel node
+  cudaGraph_t kg;
+  cudaGraphExec_t kx;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  fill<<<64, 256, 0, s>>>(reinterpret_cast<unsigned*>(dst.va), 0x09090909u, kBytes / 4);
+  cudaStreamEndCapture(s, &kg);
+  cudaGraphInstantiate(&kx, kg, 0);
+  ++value;
+  if (park()) return 1;
+  e = cudaGraphLaunch(kx, s);
+  std::printf("cudaGraphLaunch of a kernel node, target unmapped: %s\n", name(e));
+  if (release()) return 1;
+  check("kernel node after the flag", 9);
+  return 0;
+}
