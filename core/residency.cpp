@@ -172,11 +172,44 @@ struct Job {
 
 struct Unmap {
   uint64_t slot = 0;
-  CUevent start = nullptr, done = nullptr;  // around the D2H (or the waits), offload stream
-  bool copied = false;
+  bool copied = false;  // has data: copied out before the unmap
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
+  // What the copy waits for, checked on the host: the slot's last uses, and the restore it
+  // follows (its flag's value, or its event under the host handshake).
+  std::vector<MarkRef> waits;
+  Flag flag;
+  uint32_t restore = 0;
+  bool after_restore = false;
+  bool device_handshake = false;
+  CUevent restore_event = nullptr;
+  // Once the dependencies are done: the D2H between two timing events, on the offload stream.
+  bool submitted = false;
+  bool failed = false;  // the copy could not be enqueued: the slot stays resident
+  CUevent start = nullptr, done = nullptr;
 };
+
+// Which of an eviction's dependencies had not completed when its wait ran out.
+std::string stuck_part(const Driver& driver, const Unmap& unmap) {
+  if (unmap.submitted) return "; its D2H copy did not complete";
+  size_t pending = 0;
+  for (const MarkRef& mark : unmap.waits) {
+    pending += mark->event != nullptr && driver.cuEventQuery(mark->event) != CUDA_SUCCESS;
+  }
+  std::string parts;
+  if (pending > 0) {
+    parts += "; " + std::to_string(pending) + " of its " + std::to_string(unmap.waits.size()) +
+             " last uses (one per stream) did not complete";
+  }
+  if (unmap.after_restore && unmap.device_handshake) {
+    const uint32_t now = __atomic_load_n(unmap.flag.host, __ATOMIC_ACQUIRE);
+    if (static_cast<int32_t>(now - unmap.restore) < 0) {
+      parts += "; the restore it follows did not land (flag " + std::to_string(now) +
+               ", waiting for " + std::to_string(unmap.restore) + ")";
+    }
+  }
+  return parts.empty() ? "; the restore it follows did not land" : parts;
+}
 
 // An H2D copy in flight, timed on the device; the completion thread reads it.
 struct Copied {
@@ -269,8 +302,11 @@ class Residency {
     return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0};
   }
   int64_t distance_locked(const Entry& e) const;
+  // `recorded_only`: only slots whose last uses are closed by a recorded mark already, so that
+  // evicting them records nothing on any stream (one may be capturing).
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
-                                     const std::vector<Entry*>& keep) const;
+                                     const std::vector<Entry*>& keep,
+                                     bool recorded_only = false) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
   void wait_for_locked(Entry& e, const StreamKey& stream, Actions* out);
@@ -287,7 +323,7 @@ class Residency {
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
-  bool wait_submitted(const std::vector<Entry*>& entries, std::string* why);
+  bool wait_submitted(const std::vector<Entry*>& entries, bool* blocked, std::string* why);
   bool wait_mapped(const std::vector<Slot*>& slots, std::string* why);
   void used_submitted(const Acquired& acquired);
 
@@ -298,6 +334,8 @@ class Residency {
   CUevent spare_event(Device& d);
   void do_restore(Device& d, const Job& job);
   void do_evict(Device& d, const Job& job);
+  bool dependencies_done(const Unmap& unmap);
+  bool submit_copy(Device& d, Unmap& unmap);
   bool relieve(Device& d, uint64_t restoring);
   bool evict_idle(Device& d, uint64_t restoring);
   CUresult wait_event(CUevent event);
@@ -385,14 +423,18 @@ void Residency::start_device(Device& d) {
     d.reserve = reserve_locked(d);
   }
   d.limit = free_bytes;
-  // The device handshake needs stream memory operations, and must not park a stream where one
-  // hardware queue would hold vaswap's copies behind it (CUDA_DEVICE_MAX_CONNECTIONS=1).
+  // The host handshake unless the device one is asked for: on an H200 the device handshake
+  // deadlocked (a restore's H2D on vaswap's stream never ran while the application's stream was
+  // parked on its flag; docs/PLANNER.md, "Handshakes"). The device one needs stream memory
+  // operations, and must not park a stream where one hardware queue would hold vaswap's copies
+  // behind it (CUDA_DEVICE_MAX_CONNECTIONS=1).
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const bool one_queue = connections != nullptr && std::atoi(connections) == 1;
   std::string fallback;
-  if (s.handshake == Handshake::host) {
-    fallback = "residency.handshake is host";
-  } else if (one_queue && s.handshake != Handshake::device) {
+  if (s.handshake != Handshake::device) {
+    fallback = s.handshake == Handshake::host ? "residency.handshake is host"
+                                              : "residency.handshake is auto";
+  } else if (one_queue) {
     fallback =
         "CUDA_DEVICE_MAX_CONNECTIONS=1 (a stream waiting on the device would hold vaswap's copies "
         "behind it)";
@@ -414,12 +456,13 @@ void Residency::start_device(Device& d) {
     die("residency.handshake is device, but " + fallback);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!fallback.empty() && !said_fallback_) {
+  if (d.device_handshake && !said_fallback_) {
     said_fallback_ = true;
     log().warn(
-        "device {}: {}; the application's thread waits for vaswap's restores to be submitted "
-        "instead (the host handshake)",
-        d.ordinal, fallback);
+        "device {}: residency.handshake is device: launches wait for restores on the device. On "
+        "an H200 this deadlocked under a tight budget (docs/PLANNER.md, \"Handshakes\"); every "
+        "wait is bounded by residency.wait_limit",
+        d.ordinal);
   }
   stats_.device_handshake = d.device_handshake;
   if (trace::enabled()) {
@@ -553,11 +596,16 @@ int64_t Residency::distance_locked(const Entry& e) const {
 }
 
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
-                                              const std::vector<Entry*>& keep) const {
+                                              const std::vector<Entry*>& keep,
+                                              bool recorded_only) const {
   std::vector<Entry*> candidates;
   for (const auto& [slot, e] : entries_) {
     if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
+    if (recorded_only && !std::all_of(e.marks.begin(), e.marks.end(),
+                                      [](const Mark& m) { return m.record->event != nullptr; })) {
+      continue;
+    }
     candidates.push_back(const_cast<Entry*>(&e));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
@@ -768,15 +816,20 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
 }
 
 // Host handshake: until each restore was submitted; then the stream waits for its copy.
-bool Residency::wait_submitted(const std::vector<Entry*>& entries, std::string* why) {
+bool Residency::wait_submitted(const std::vector<Entry*>& entries, bool* blocked,
+                               std::string* why) {
+  *blocked = false;
   if (entries.empty()) return true;
   const uint64_t start = trace::now_ns();
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto limit = std::chrono::nanoseconds(settings_.wait_limit_ns);
-  const bool done = changed_.wait_for(lock, limit, [&] {
+  const auto submitted = [&] {
     return std::all_of(entries.begin(), entries.end(),
                        [](const Entry* e) { return e->submitted || e->forgotten; });
-  });
+  };
+  if (submitted()) return true;  // started ahead: the stream waits for the copy, not the thread
+  *blocked = true;
+  const auto limit = std::chrono::nanoseconds(settings_.wait_limit_ns);
+  const bool done = changed_.wait_for(lock, limit, submitted);
   ++stats_.host_waits;
   stats_.host_wait_us += trace::us_since(start);
   if (!done) {
@@ -988,9 +1041,10 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
     if (!actions.host_waits.empty()) {
       std::string why;
       const uint64_t start = trace::now_ns();
-      const bool submitted = wait_submitted(actions.host_waits, &why);
-      acquired->host_waited = true;
-      acquired->host_wait_us = trace::us_since(start);
+      bool blocked = false;
+      const bool submitted = wait_submitted(actions.host_waits, &blocked, &why);
+      acquired->host_waited = blocked;
+      acquired->host_wait_us = blocked ? trace::us_since(start) : 0;
       if (!submitted) {
         used_submitted(*acquired);
         acquired->slots.clear();
@@ -1206,30 +1260,53 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
     refresh_budget(d);
     Actions actions;
     actions.device = ordinal;
+    std::vector<Entry*> needed, victims;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint64_t new_pages = 0;
       for (Slot* slot : slots) {
         Entry* e = find_locked(slot);
-        if (e != nullptr && e->device == ordinal && e->where != Where::resident) {
-          new_pages += e->pages;
-        }
+        if (e == nullptr || e->device != ordinal) continue;
+        needed.push_back(e);
+        if (e->where != Where::resident) new_pages += e->pages;
       }
-      // Nothing is evicted here: an eviction records its last uses on their streams, and a
-      // stream that is capturing would record that into the graph instead.
-      const uint64_t budget = budget_locked(d).limit;
-      if (d.committed + new_pages > budget) {
+      // Over the limit: evict slots whose last uses are closed by marks recorded already, so that
+      // nothing is recorded on a stream (the capturing one would record it into the graph).
+      const Budget budget = budget_locked(d);
+      uint64_t freed = 0;
+      if (d.committed + new_pages > budget.limit) {
+        const uint64_t to = std::max(budget.target, new_pages);
+        victims = victims_locked(d, d.committed + new_pages - to, needed, /*recorded_only=*/true);
+        for (const Entry* v : victims) freed += v->pages;
+      }
+      if (d.committed + new_pages - freed > budget.limit) {
         ++stats_.oom_launches;
         *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
-                   " of slots mapped, and the residency budget of " + byte_size(budget) +
+                   " of slots mapped, and the residency budget of " + byte_size(budget.limit) +
                    " on device " + std::to_string(ordinal) + " has " +
-                   byte_size(budget > d.committed ? budget - d.committed : 0) +
-                   " left; raise residency.budget";
+                   byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
+                   " left with " + byte_size(freed) +
+                   " that can be evicted now; raise residency.budget, or free device memory";
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
-      for (Slot* slot : slots) {
-        Entry* e = find_locked(slot);
-        if (e == nullptr || e->device != ordinal || e->where == Where::resident) continue;
+    }
+    {
+      std::string why;
+      if (!ensure_host_copies(victims, &why)) {
+        ++stats_.oom_launches;
+        *message = "a copy or memset recorded into a capture: cannot evict to make room: " + why;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (Entry* v : victims) {
+        if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
+          evict_locked(*v, "budget", &actions);
+        }
+      }
+      for (Entry* e : needed) {
+        if (entries_.count(e->slot) == 0 || e->where == Where::resident) continue;
         restore_locked(*e, "capture", &actions);
         ids.push_back(e->id);
       }
@@ -1593,19 +1670,16 @@ void Residency::do_restore(Device& d, const Job& job) {
   changed_.notify_all();
 }
 
+// Queues the eviction for the unmapper, which copies the slot out once everything it waits for
+// has completed. No vaswap stream ever waits on the device: the unmapper checks the slot's last
+// uses (its marks) and the restore it follows on the host, then enqueues the D2H (see
+// submit_copy). Only the application's streams wait on the device, for restores.
 void Residency::do_evict(Device& d, const Job& job) {
-  Slot* slot = nullptr;
-  void* host = nullptr;
-  Flag flag;
-  CUevent restore_event = nullptr;
+  Unmap unmap;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(job.slot);
     if (e == nullptr || e->forgotten) return;
-    slot = e->slot;
-    host = e->host;
-    flag = e->flag;
-    restore_event = e->ready_event;
     if (!e->mapped) {
       // Never mapped (a first map was decided and called off by this eviction before it ran):
       // nothing to copy or unmap.
@@ -1614,52 +1688,69 @@ void Residency::do_evict(Device& d, const Job& job) {
       changed_.notify_all();
       return;
     }
+    unmap.slot = job.slot;
+    unmap.bytes = e->bytes;
+    unmap.copied = job.with_data;
+    unmap.waits = job.waits;
+    unmap.flag = e->flag;
+    unmap.restore = job.ready;
+    unmap.after_restore = job.after_restore;
+    unmap.device_handshake = d.device_handshake;
+    unmap.restore_event = e->ready_event;
+    unmap.queued_ns = trace::now_ns();
+    ++d.unmaps_in_flight;
+    d.unmaps.push_back(std::move(unmap));
   }
+  d.unmaps_cv.notify_all();
+}
+
+// True once the eviction's last uses have completed and the restore it follows has landed.
+bool Residency::dependencies_done(const Unmap& unmap) {
   const Driver& driver = drv();
-  // After every use (the marks) and after its latest restore landed (invariant 3).
-  for (const MarkRef& wait : job.waits) driver.cuStreamWaitEvent(d.offload, wait->event, 0);
-  if (job.after_restore) {
-    if (d.device_handshake) {
-      driver.cuStreamWaitValue32(d.offload, flag.device, job.ready, CU_STREAM_WAIT_VALUE_GEQ);
-    } else if (restore_event != nullptr) {
-      driver.cuStreamWaitEvent(d.offload, restore_event, 0);
+  for (const MarkRef& mark : unmap.waits) {
+    if (mark->event != nullptr && driver.cuEventQuery(mark->event) != CUDA_SUCCESS) return false;
+  }
+  if (!unmap.after_restore) return true;
+  if (unmap.device_handshake) {
+    const uint32_t now = __atomic_load_n(unmap.flag.host, __ATOMIC_ACQUIRE);
+    return static_cast<int32_t>(now - unmap.restore) >= 0;
+  }
+  // The host handshake: the restore it follows was submitted before this eviction reached the
+  // unmapper (the mover takes jobs in order), and its event follows that restore's copy.
+  return unmap.restore_event == nullptr || driver.cuEventQuery(unmap.restore_event) == CUDA_SUCCESS;
+}
+
+// The D2H of an eviction whose dependencies are done, on the offload stream, between two timing
+// events. False when the copy could not be enqueued: the slot stays resident with its data
+// (invariant 7), and the eviction is over.
+bool Residency::submit_copy(Device& d, Unmap& unmap) {
+  const Driver& driver = drv();
+  Slot* slot = nullptr;
+  void* host = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(unmap.slot);
+    if (e != nullptr && !e->forgotten) {
+      slot = e->slot;
+      host = e->host;
     }
   }
-  Unmap unmap;
-  unmap.slot = job.slot;
-  unmap.bytes = slot->bytes;
-  unmap.copied = job.with_data;
+  unmap.submitted = true;
   unmap.start = spare_event(d);
   unmap.done = spare_event(d);
   driver.cuEventRecord(unmap.start, d.offload);
-  if (job.with_data) {
+  if (slot != nullptr && unmap.copied) {
     const CUresult rc = with_retries(
         [&] { return driver.cuMemcpyDtoHAsync(host, slot->va, slot->bytes, d.offload); });
     if (rc != CUDA_SUCCESS) {
-      // Nothing lost: the slot keeps its pages and its data (invariant 7).
       log().error("{}; the slot stays resident",
                   cuda_failure("cuMemcpyDtoHAsync", rc, slot->describe()));
-      std::lock_guard<std::mutex> lock(mutex_);
-      Entry* e = by_id_locked(job.slot);
-      if (e != nullptr) {
-        ++e->evictions_done;
-        if (e->where == Where::releasing) {
-          e->where = Where::resident;
-          d.committed += e->pages;
-        }
-      }
-      d.spare_events.push_back(unmap.start);
-      d.spare_events.push_back(unmap.done);
-      changed_.notify_all();
-      return;
+      driver.cuEventRecord(unmap.done, d.offload);
+      return false;
     }
   }
   driver.cuEventRecord(unmap.done, d.offload);
-  unmap.queued_ns = trace::now_ns();
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++d.unmaps_in_flight;
-  d.unmaps.push_back(unmap);
-  d.unmaps_cv.notify_all();
+  return true;
 }
 
 // A timing event from the device's spares, or a new one.
@@ -1726,23 +1817,75 @@ void Residency::run_completions(Device& d) {
   }
 }
 
+// Evictions in the order they were decided: each one's D2H is enqueued once its last uses have
+// completed and the restore it follows has landed (checked here, on the host), then its pages
+// are unmapped once the copy is done. While waiting for the first, every later one whose
+// dependencies are already done has its copy enqueued too, so the copies follow each other on the
+// offload stream.
 void Residency::run_unmapper(Device& d) {
   const Driver& driver = drv();
   become_worker(driver, d.context, "vaswap-unm" + std::to_string(d.ordinal));
+  std::deque<Unmap> mine;
   for (;;) {
-    Unmap unmap;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      d.unmaps_cv.wait(lock, [&d] { return !d.unmaps.empty(); });
-      unmap = d.unmaps.front();
-      d.unmaps.pop_front();
+      d.unmaps_cv.wait(lock, [&] { return !d.unmaps.empty() || !mine.empty(); });
+      while (!d.unmaps.empty()) {
+        mine.push_back(std::move(d.unmaps.front()));
+        d.unmaps.pop_front();
+      }
+    }
+    Unmap& unmap = mine.front();
+    if (!unmap.submitted) {
+      uint64_t limit = 0;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        limit = settings_.wait_limit_ns;
+      }
+      const uint64_t start = trace::now_ns();
+      auto pause = std::chrono::microseconds(5);
+      while (!dependencies_done(unmap)) {
+        if (trace::now_ns() - start > limit) {
+          die("the eviction of slot " + std::to_string(unmap.slot) + " on device " +
+              std::to_string(d.ordinal) + " waited " + std::to_string(limit / 1000000) + " ms" +
+              stuck_part(driver, unmap));
+        }
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(200));
+      }
+      unmap.failed = !submit_copy(d, unmap);
+    }
+    for (Unmap& later : mine) {
+      if (later.submitted) continue;
+      if (!dependencies_done(later)) break;
+      later.failed = !submit_copy(d, later);
     }
     const CUresult rc = wait_event(unmap.done);
     if (rc != CUDA_SUCCESS) {
       die(cuda_failure("cuEventQuery", rc,
                        "the eviction of slot " + std::to_string(unmap.slot) + " on device " +
-                           std::to_string(d.ordinal) +
-                           " (its last uses or its D2H did not complete)"));
+                           std::to_string(d.ordinal)) +
+          stuck_part(driver, unmap));
+    }
+    if (unmap.failed) {
+      // The copy could not be enqueued: the slot keeps its pages and its data (invariant 7).
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        d.spare_events.push_back(unmap.start);
+        d.spare_events.push_back(unmap.done);
+        Entry* e = by_id_locked(unmap.slot);
+        if (e != nullptr) {
+          ++e->evictions_done;
+          if (e->where == Where::releasing) {
+            e->where = Where::resident;
+            d.committed += e->pages;
+          }
+        }
+        --d.unmaps_in_flight;
+      }
+      mine.pop_front();
+      changed_.notify_all();
+      continue;
     }
     float ms = 0;
     driver.cuEventElapsedTime(&ms, unmap.start, unmap.done);
@@ -1779,6 +1922,7 @@ void Residency::run_unmapper(Device& d) {
     if (slot == nullptr) {  // freed meanwhile
       std::lock_guard<std::mutex> lock(mutex_);
       --d.unmaps_in_flight;
+      mine.pop_front();
       continue;
     }
     std::string failure;
@@ -1814,6 +1958,7 @@ void Residency::run_unmapper(Device& d) {
       }
       --d.unmaps_in_flight;
     }
+    mine.pop_front();
     changed_.notify_all();
   }
 }

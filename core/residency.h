@@ -63,7 +63,8 @@ struct Acquired {
   size_t demanded = 0;  // of them, restored for this launch rather than ahead (first maps
                         // of never-used slots are not counted)
   uint64_t demanded_bytes = 0;
-  bool host_waited = false;  // host handshake: this thread waited for a restore's submission
+  bool host_waited = false;  // host handshake: this thread had to wait for a restore's
+                             // submission (not when every one was started ahead)
   double host_wait_us = 0;
   double map_wait_us = 0;  // a copy or memset: this thread waited for pages to be mapped
 };

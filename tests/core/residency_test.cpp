@@ -100,13 +100,34 @@ class ResidencyTest : public SimTest {
   }
 
   // Two slots under a budget of one page, filled in turn: the first leaves for the second.
-  std::pair<Slot*, Slot*> one_evicted(uint32_t first_seed, uint32_t second_seed) {
-    configure(1 * kPage);
+  std::pair<Slot*, Slot*> one_evicted(
+      uint32_t first_seed, uint32_t second_seed,
+      residency::Handshake handshake = residency::Handshake::automatic) {
+    configure(1 * kPage, 0, handshake);
     Slot* first = make_slot();
     Slot* second = make_slot();
     fill(first, first_seed);
     fill(second, second_seed);
     return {first, second};
+  }
+
+  // Runs `body` on device `device` with a stream of its own as stream_; the slots it made are
+  // freed at its end (as the program's free does), and device 0 is current again.
+  void on_device(int device, const std::function<void()>& body) {
+    bind_device(device);
+    CUstream stream = nullptr;
+    ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    std::swap(stream, stream_);
+    const size_t before = slots_.size();
+    body();
+    for (size_t i = slots_.size(); i-- > before;) {
+      residency::forget(slots_[i]);
+      engine().destroy_slot(slots_[i]);
+    }
+    slots_.resize(before);
+    std::swap(stream, stream_);
+    ASSERT_CU(cuStreamDestroy(stream));
+    bind_device(0);
   }
 
   CUstream stream_ = nullptr;
@@ -139,6 +160,23 @@ TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
   for (uint32_t i = 0; i < 6; ++i) expect_holds(slots[i], 100 + i);
   EXPECT_LE(residency::stats().peak_resident, 3 * kPage);
   EXPECT_GE(residency::stats().evictions, 3u);
+}
+
+// Copies recorded into captures need their slots mapped while the capture runs; more of them than
+// the budget holds make room by evicting slots whose last uses are closed already (nothing is
+// recorded on a stream: it may be capturing). Each is mapped again at its first real use.
+TEST_F(ResidencyTest, CapturedCopiesBeyondTheBudgetEvictEarlierOnes) {
+  configure(2 * kPage);
+  std::vector<Slot*> slots;
+  for (int i = 0; i < 4; ++i) {
+    slots.push_back(make_slot());
+    std::string message;
+    ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({slots.back()}, &message)) << message;
+    EXPECT_TRUE(mapped(slots.back()));
+  }
+  wait_mapped({slots[0], slots[1]}, false);
+  for (int i = 0; i < 4; ++i) fill(slots[static_cast<size_t>(i)], 60 + i);
+  for (int i = 0; i < 4; ++i) expect_holds(slots[static_cast<size_t>(i)], 60 + i);
 }
 
 // The auto budget: slots grow into everything the device has free (a job that fits evicts
@@ -261,22 +299,30 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
   expect_holds(b, 2);
 }
 
+// The device handshake (asked for; device 6, started with it): a slot comes back for a kernel,
+// the stream is parked on its flag until the restore lands, and the host goes on (a kernel's
+// addresses are checked only when it runs).
 TEST_F(ResidencyTest, TheStreamWaitsOnTheDeviceAndTheHostDoesNot) {
-  Slot* a = one_evicted(11, 12).first;
-  // a comes back for a kernel: the stream is parked on its flag until the restore lands; the
-  // host goes on (a kernel's addresses are checked only when it runs).
-  residency::Acquired acquired;
-  std::string message;
-  ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
-  EXPECT_FALSE(acquired.host_waited);
-  EXPECT_EQ(acquired.waits, 1u);
-  EXPECT_EQ(acquired.demanded, 1u);
-  auto* words = reinterpret_cast<uint32_t*>(a->va);
-  ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
-  residency::used(acquired);
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  expect_holds(a, 12);
-  EXPECT_TRUE(residency::stats().device_handshake);
+  on_device(6, [&] {
+    configure(1 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    fill(a, 11);
+    fill(b, 12);  // a leaves
+    residency::Acquired acquired;
+    std::string message;
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+    EXPECT_FALSE(acquired.host_waited);
+    EXPECT_EQ(acquired.waits, 1u);
+    EXPECT_EQ(acquired.demanded, 1u);
+    auto* words = reinterpret_cast<uint32_t*>(a->va);
+    ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
+    residency::used(acquired);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    expect_holds(a, 12);
+    expect_holds(b, 12);
+    EXPECT_TRUE(residency::stats().device_handshake);
+  });
 }
 
 // A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
@@ -299,39 +345,57 @@ TEST_F(ResidencyTest, ACopyIsEnqueuedOnlyOnceItsPagesAreMapped) {
   EXPECT_FALSE(mapped(b)) << "b left for a (a budget of one page)";
 }
 
-// Device 1 starts without stream memory operations, device 2 with CUDA_DEVICE_MAX_CONNECTIONS=1:
-// both use the host handshake, and the data comes back the same.
-TEST_F(ResidencyTest, WithoutStreamMemoryOperationsTheHostHandshakeStandsIn) {
+// The default (auto) is the host handshake, whatever the device offers: device 1 has no stream
+// memory operations, device 2 one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1). The thread
+// waits for the restore's submission, the stream for its event, and the data comes back the same.
+TEST_F(ResidencyTest, TheDefaultIsTheHostHandshake) {
   for (int device : {1, 2}) {
-    bind_device(device);
-    CUstream stream = nullptr;
-    ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    std::swap(stream, stream_);
-    configure(1 * kPage);
-    if (device == 1) vaswapSimSetMemopsSupported(0);
-    if (device == 2) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
-    Slot* a = make_slot(device);
-    vaswapSimSetMemopsSupported(1);
-    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
-    Slot* b = make_slot(device);
-    fill(a, 21);
-    fill(b, 22);
-    residency::Acquired acquired;
-    std::string message;
-    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
-    EXPECT_TRUE(acquired.host_waited) << "device " << device;
-    residency::used(acquired);
-    expect_holds(a, 21);
-    expect_holds(b, 22);
-    for (Slot* slot : {a, b}) {
-      residency::forget(slot);
-      engine().destroy_slot(slot);
-      slots_.erase(std::find(slots_.begin(), slots_.end(), slot));
-    }
-    std::swap(stream, stream_);
-    ASSERT_CU(cuStreamDestroy(stream));
-    bind_device(0);
+    on_device(device, [&] {
+      configure(1 * kPage);
+      if (device == 1) vaswapSimSetMemopsSupported(0);
+      if (device == 2) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+      Slot* a = make_slot(device);
+      vaswapSimSetMemopsSupported(1);
+      unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+      Slot* b = make_slot(device);
+      fill(a, 21);
+      fill(b, 22);
+      residency::Acquired acquired;
+      std::string message;
+      ASSERT_EQ(CUDA_SUCCESS,
+                residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+      EXPECT_TRUE(acquired.host_waited) << "device " << device;
+      EXPECT_EQ(acquired.waits, 1u);
+      residency::used(acquired);
+      expect_holds(a, 21);
+      expect_holds(b, 22);
+    });
   }
+}
+
+// The device handshake, asked for where it cannot work, is a named error before any slot is used:
+// without stream memory operations (device 4), and with one hardware queue (device 5).
+TEST_F(ResidencyTest, TheDeviceHandshakeWhereItCannotWorkIsANamedError) {
+  EXPECT_EXIT(
+      {
+        bind_device(4);
+        configure(1 * kPage, 0, residency::Handshake::device);
+        vaswapSimSetMemopsSupported(0);
+        make_slot(4);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(70),
+      "residency.handshake is device, but stream memory operations are not available");
+  EXPECT_EXIT(
+      {
+        bind_device(5);
+        configure(1 * kPage, 0, residency::Handshake::device);
+        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+        make_slot(5);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(70),
+      "residency.handshake is device, but CUDA_DEVICE_MAX_CONNECTIONS=1");
 }
 
 // Slots on two devices, driven from one thread: each device's budget, streams and events are its
@@ -388,9 +452,10 @@ TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
 }  // namespace vaswap
 
 int main(int argc, char** argv) {
-  // Four simulated devices of 64 MiB: device 1 and 2 for the handshake fallbacks, 3 for two
-  // devices from one thread. Set before the driver's cuInit reads them.
-  setenv("VASWAP_SIM_DEVICES", "4", 1);
+  // Seven simulated devices of 64 MiB: device 1 and 2 for the default handshake, 3 for two devices
+  // from one thread, 4 and 5 for the device handshake where it cannot work, 6 for it at work. Set
+  // before the driver's cuInit reads them.
+  setenv("VASWAP_SIM_DEVICES", "7", 1);
   setenv("VASWAP_SIM_DEVICE_MEMORY", "64MiB", 1);
   ::testing::InitGoogleTest(&argc, argv);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
