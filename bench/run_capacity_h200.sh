@@ -19,7 +19,9 @@
 #      fits.
 # Usage: bash bench/run_capacity_h200.sh [demo] [torch_shared] [torch_own]   (default: all three)
 # Environment: TORCH_LIMIT_GIB (8), DEMO_LIMIT_MIB (2048), DEMO_ELEMS (8388608: 32 MiB buffers),
-#   STEPS (12), PROBE_STEPS (3), SKIP (4), RUNS (3), VASWAP_LIB (build/gpu/lib/libvaswap.so),
+#   STEPS (12), PROBE_STEPS (3), SKIP (4), RUNS (3), FACTORS ("2.5 4": the sizes tried under
+#   vaswap, times L0), KNOWN_L0 (skip the search: check L0 and L0+1 only), VASWAP_LIB
+#   (build/gpu/lib/libvaswap.so),
 #   DEMO (build/gpu/bin/train_layers_static_cuda), EXTRA_CONF (more VASWAP_CONF for every run).
 # Writes $OUT (else bench/results/capacity)/: capacity_h200.log, capacity_h200.md (the table), and
 # capacity_h200_runs.tar.gz (every run's output, JSON and vaswap trace).
@@ -107,8 +109,11 @@ for program in "${programs[@]}"; do
   limit=$(limit_of "$program")
   unit=$(unit_of "$program")
   echo "== $program: ${limit} $unit of device memory"
-  # 1. L0 without vaswap.
+  # 1. L0 without vaswap (KNOWN_L0: from an earlier search; checked with two probes).
   good=0 bad=0 layers=1
+  if [[ -n ${KNOWN_L0:-} ]]; then
+    good=$((KNOWN_L0 - 1)) bad=$((KNOWN_L0 + 2)) layers=$KNOWN_L0
+  fi
   while :; do
     if launch "$program" "${program}_plain_probe_$layers" "$layers" "$probe_steps" "$limit" 0; then
       good=$layers
@@ -123,6 +128,8 @@ for program in "${programs[@]}"; do
       [[ $layers -le 512 ]] || break
     elif [[ $((bad - good)) -le 1 ]]; then
       break
+    elif [[ -n ${KNOWN_L0:-} && $layers == "$KNOWN_L0" ]]; then
+      layers=$((KNOWN_L0 + 1))
     else
       layers=$(((good + bad) / 2))
     fi
@@ -137,7 +144,8 @@ for program in "${programs[@]}"; do
 
   # 2. Under vaswap at the same limit: 2.5 x L0, then 4 x L0.
   best=0
-  for layers in $(((5 * l0 + 1) / 2)) $((4 * l0)); do
+  for factor in ${FACTORS:-2.5 4}; do
+    layers=$(python3 -c "import math; print(math.ceil($factor * $l0))")
     name=${program}_vaswap_$layers
     if ! launch "$program" "$name" "$layers" "$steps" "$limit" 1; then
       echo "   under vaswap, $layers layers: FAILS"

@@ -530,6 +530,16 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream) {
   }
 }
 
+void capture_beginning(const Call& call, CUstream stream) {
+  if (tables().slots.load(std::memory_order_relaxed) == 0) return;
+  residency::capture_beginning(stream_of(call, stream));
+}
+
+void stream_destroying(const Call& call, CUstream stream) {
+  if (tables().slots.load(std::memory_order_relaxed) == 0 || stream == nullptr) return;
+  residency::stream_gone(stream_of(call, stream));
+}
+
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target) {
   stream = stream_of(call, stream);
   LiveCapture live;
@@ -554,7 +564,7 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   }
   tls_captures.push_back(stream);
   t.captures_begun.fetch_add(1, std::memory_order_relaxed);
-  t.captures_open.fetch_add(1, std::memory_order_relaxed);
+  residency::captures_open(t.captures_open.fetch_add(1, std::memory_order_relaxed) + 1);
   planner::capture_begun();
   if (trace::enabled()) {
     auto r = record(trace::Event::capture_begin, call);
@@ -576,7 +586,7 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
     if (it != t.captures.end()) {
       ended = it->second;
       t.captures.erase(it);
-      t.captures_open.fetch_sub(1, std::memory_order_relaxed);
+      residency::captures_open(t.captures_open.fetch_sub(1, std::memory_order_relaxed) - 1);
     }
   }
   if (ended && result == CUDA_SUCCESS && graph != nullptr) {

@@ -81,6 +81,10 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream);
 // Capture and graphs
 // ---------------------------------------------------------------------------------------------
 
+// Before the real stream destroy: the slots' uses enqueued on `stream` are closed now.
+void stream_destroying(const Call& call, CUstream stream);
+// Before the real begin-capture call: what slots' uses were enqueued on `stream` is closed now.
+void capture_beginning(const Call& call, CUstream stream);
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);

@@ -91,13 +91,21 @@ class EventPool {
 
 struct MarkRecord {
   EventPool* pool = nullptr;
-  CUevent event = nullptr;  // recorded once the mark is closed
+  // Recorded once the mark is closed (by an application thread, under submit_); the workers read
+  // it. Not recorded while its stream captures: the record would go into the graph.
+  std::atomic<CUevent> event{nullptr};
   MarkRecord() = default;
   MarkRecord(const MarkRecord&) = delete;
   MarkRecord& operator=(const MarkRecord&) = delete;
   ~MarkRecord() {
-    if (event != nullptr) pool->give(event);
+    if (CUevent e = event.load()) pool->give(e);
   }
+  // Closed, and what it closes has completed.
+  bool complete(const Driver& driver) const {
+    CUevent e = event.load(std::memory_order_acquire);
+    return e != nullptr && driver.cuEventQuery(e) == CUDA_SUCCESS;
+  }
+  bool closed() const { return event.load(std::memory_order_acquire) != nullptr; }
 };
 using MarkRef = std::shared_ptr<MarkRecord>;
 
@@ -194,7 +202,7 @@ std::string stuck_part(const Driver& driver, const Unmap& unmap) {
   if (unmap.submitted) return "; its D2H copy did not complete";
   size_t pending = 0;
   for (const MarkRef& mark : unmap.waits) {
-    pending += mark->event != nullptr && driver.cuEventQuery(mark->event) != CUDA_SUCCESS;
+    pending += !mark->complete(driver);
   }
   std::string parts;
   if (pending > 0) {
@@ -280,6 +288,10 @@ class Residency {
     return budget_locked(d);
   }
   CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+  void close_uses(CUstream stream) {
+    std::lock_guard<std::mutex> submit(submit_);
+    close_mark(key_of(stream));
+  }
   Stats stats();
 
  private:
@@ -355,6 +367,9 @@ class Residency {
   uint64_t next_job_ = 1;
   Stats stats_;
   bool said_fallback_ = false;
+
+ public:
+  std::atomic<int> captures_{0};  // captures open in the process (the preload's count)
 };
 
 Residency& the() {
@@ -560,6 +575,13 @@ void Residency::close_mark(const StreamKey& key) {
   Marks& m = marks_of(key);
   if (m.next.use_count() == 1) return;  // nobody refers to it: nothing to record
   const Driver& driver = drv();
+  if (captures_.load(std::memory_order_acquire) > 0) {
+    // A stream that captures (one that began it, or one forked into it) would record the mark
+    // into the graph: it stays open, and its slots are not evicted until it is closed.
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult rc = driver.cuStreamIsCapturing(key.handle, &status);
+    if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || status != CU_STREAM_CAPTURE_STATUS_NONE) return;
+  }
   CUevent event = m.pool.take(m.context);
   if (event == nullptr) {
     die("cuEventCreate failed for a use mark on stream " +
@@ -571,7 +593,7 @@ void Residency::close_mark(const StreamKey& key) {
     die(cuda_failure("cuEventRecord", rc,
                      "a use mark on stream " + hex(reinterpret_cast<uintptr_t>(key.handle))));
   }
-  m.next->event = event;
+  m.next->event.store(event, std::memory_order_release);
   m.next = std::make_shared<MarkRecord>();
   m.next->pool = &m.pool;
 }
@@ -602,8 +624,10 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
   for (const auto& [slot, e] : entries_) {
     if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
-    if (recorded_only && !std::all_of(e.marks.begin(), e.marks.end(),
-                                      [](const Mark& m) { return m.record->event != nullptr; })) {
+    // While a capture is open, a mark left open could only be closed on a capturing stream.
+    if ((recorded_only || captures_.load(std::memory_order_acquire) > 0) &&
+        !std::all_of(e.marks.begin(), e.marks.end(),
+                     [](const Mark& m) { return m.record->closed(); })) {
       continue;
     }
     candidates.push_back(const_cast<Entry*>(&e));
@@ -785,7 +809,7 @@ bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::stri
 void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
   for (size_t i = 0; i < a.jobs.size(); ++i) {
     for (const Mark& m : a.marks[i]) {
-      if (m.record->event == nullptr) close_mark(m.stream);  // still pending: close it now
+      if (!m.record->closed()) close_mark(m.stream);  // still pending: close it now
       a.jobs[i].waits.push_back(m.record);
     }
   }
@@ -1456,9 +1480,8 @@ bool Residency::relieve(Device& d, uint64_t restoring) {
   for (const Eligible& candidate : eligible) {
     const uint64_t slot = candidate.slot;
     const auto& waits = candidate.waits;
-    const bool complete = std::all_of(waits.begin(), waits.end(), [&driver](const MarkRef& m) {
-      return m->event != nullptr && driver.cuEventQuery(m->event) == CUDA_SUCCESS;
-    });
+    const bool complete = std::all_of(waits.begin(), waits.end(),
+                                      [&driver](const MarkRef& m) { return m->complete(driver); });
     if (!complete) continue;
     Job ahead;
     bool taken = false;
@@ -1496,7 +1519,7 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
         continue;
       }
       const bool recorded = std::all_of(e.marks.begin(), e.marks.end(),
-                                        [](const Mark& m) { return m.record->event != nullptr; });
+                                        [](const Mark& m) { return m.record->closed(); });
       if (recorded) entries.push_back(&e);
     }
     std::stable_sort(entries.begin(), entries.end(), [this](const Entry* a, const Entry* b) {
@@ -1510,9 +1533,8 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
   }
   const Driver& driver = drv();
   for (Candidate& c : candidates) {
-    const bool done = std::all_of(c.marks.begin(), c.marks.end(), [&driver](const MarkRef& m) {
-      return driver.cuEventQuery(m->event) == CUDA_SUCCESS;
-    });
+    const bool done = std::all_of(c.marks.begin(), c.marks.end(),
+                                  [&driver](const MarkRef& m) { return m->complete(driver); });
     if (!done) continue;
     Entry* entry = nullptr;
     {
@@ -1708,7 +1730,7 @@ void Residency::do_evict(Device& d, const Job& job) {
 bool Residency::dependencies_done(const Unmap& unmap) {
   const Driver& driver = drv();
   for (const MarkRef& mark : unmap.waits) {
-    if (mark->event != nullptr && driver.cuEventQuery(mark->event) != CUDA_SUCCESS) return false;
+    if (!mark->complete(driver)) return false;  // not closed yet (its stream captures), or running
   }
   if (!unmap.after_restore) return true;
   if (unmap.device_handshake) {
@@ -1983,6 +2005,9 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_sched
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
+void capture_beginning(CUstream stream) { the().close_uses(stream); }
+void stream_gone(CUstream stream) { the().close_uses(stream); }
+void captures_open(int open) { the().captures_.store(open, std::memory_order_release); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
   return the().back_for_capture(slots, message);
 }

@@ -112,6 +112,15 @@ Budget budget(int device);
 // Returns the bytes of pages given back.
 uint64_t make_room(int device, uint64_t bytes);
 
+// A capture is about to begin on `stream`: the slots' uses enqueued there so far are closed by a
+// mark recorded now (during the capture a record would go into the graph).
+void capture_beginning(CUstream stream);
+// `stream` is about to be destroyed: the same (its work may still run; the mark follows it).
+void stream_gone(CUstream stream);
+// How many captures are open in the process: while any is, marks are not recorded on capturing
+// streams, and only slots whose last uses are closed already are evicted.
+void captures_open(int open);
+
 // Copies and memsets recorded into a capture need their addresses mapped: backs `slots` now
 // (waiting until they are mapped), without recording anything on the capturing stream and
 // without evicting. CUDA_ERROR_OUT_OF_MEMORY, with `message`, when the budget has no room.

@@ -280,6 +280,7 @@ struct BeginCapture<R (*)(CUstream, M)> {
   R operator()(CUstream stream, M mode) const {
     if (!handle()) return real(stream, mode);
     Scope scope;
+    intercept::capture_beginning(call, stream);
     const R rc = real(stream, mode);
     if (rc == R{}) {
       intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), nullptr);
@@ -298,6 +299,7 @@ struct BeginCaptureToGraph<R (*)(CUstream, CUgraph, D, E, size_t, M)> {
                M mode) const {
     if (!handle()) return real(stream, graph, dependencies, edges, count, mode);
     Scope scope;
+    intercept::capture_beginning(call, stream);
     const R rc = real(stream, graph, dependencies, edges, count, mode);
     if (rc == R{}) {
       intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), graph);
@@ -594,6 +596,22 @@ struct Destroy<R (*)(H)> {
       intercept::graph_destroyed(call, handle_value);
     }
     return real(handle_value);
+  }
+};
+
+// A stream is destroyed: the slots' uses enqueued on it are closed by a mark recorded before the
+// real destroy (its work may still run; the mark completes after it).
+template <class Fn>
+struct StreamGone;
+template <class R, class S>
+struct StreamGone<R (*)(S)> {
+  R (*real)(S);
+  Call call;
+  R operator()(S stream) const {
+    if (!handle()) return real(stream);
+    Scope scope;
+    intercept::stream_destroying(call, reinterpret_cast<CUstream>(stream));
+    return real(stream);
   }
 };
 

@@ -179,6 +179,41 @@ TEST_F(ResidencyTest, CapturedCopiesBeyondTheBudgetEvictEarlierOnes) {
   for (int i = 0; i < 4; ++i) expect_holds(slots[static_cast<size_t>(i)], 60 + i);
 }
 
+// A capture begins on a stream where a slot was just used (its mark still open). The preload closes
+// that mark before the capture begins; while the capture is open, a launch on another stream
+// evicts the slot, and its eviction waits for the use (not for a record inside the graph, which
+// would never complete). The slot's data survives, and the graph holds no stray node.
+TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
+  configure(1 * kPage);
+  Slot* a = make_slot();
+  fill(a, 71);  // a's use on stream_: its mark is open
+  residency::capture_beginning(stream_);
+  ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
+  residency::captures_open(1);
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  Slot* b = make_slot();
+  residency::Acquired acquired;
+  std::string message;
+  ASSERT_EQ(CUDA_SUCCESS, residency::acquire({b}, other, "a launch on another stream", &acquired,
+                                             &message, residency::Checked::when_enqueued))
+      << message;
+  ASSERT_CU(cuMemsetD32Async(b->va, 72, kWords, other));
+  residency::used(acquired);
+  wait_mapped({a}, false);  // a left during the capture
+  CUgraph graph = nullptr;
+  ASSERT_CU(cuStreamEndCapture(stream_, &graph));
+  residency::captures_open(0);
+  size_t nodes = 1;
+  ASSERT_CU(cuGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 0u) << "vaswap recorded into the application's capture";
+  ASSERT_CU(cuGraphDestroy(graph));
+  residency::stream_gone(other);  // as the hook does before the real destroy
+  ASSERT_CU(cuStreamDestroy(other));
+  expect_holds(a, 71);
+  expect_holds(b, 72);
+}
+
 // The auto budget: slots grow into everything the device has free (a job that fits evicts
 // nothing, whatever the reserve), and once they must evict, they go down to the reserve below
 // it, leaving that much to the program's own allocations.
