@@ -100,10 +100,14 @@ struct MarkRecord {
   ~MarkRecord() {
     if (CUevent e = event.load()) pool->give(e);
   }
-  // Closed, and what it closes has completed.
-  bool complete(const Driver& driver) const {
+  // Closed, and what it closes has completed. A device error (a fault in the work it follows)
+  // is returned in `failure`.
+  bool complete(const Driver& driver, CUresult* failure = nullptr) const {
     CUevent e = event.load(std::memory_order_acquire);
-    return e != nullptr && driver.cuEventQuery(e) == CUDA_SUCCESS;
+    if (e == nullptr) return false;
+    const CUresult rc = driver.cuEventQuery(e);
+    if (failure != nullptr && rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) *failure = rc;
+    return rc == CUDA_SUCCESS;
   }
   bool closed() const { return event.load(std::memory_order_acquire) != nullptr; }
 };
@@ -1730,7 +1734,15 @@ void Residency::do_evict(Device& d, const Job& job) {
 bool Residency::dependencies_done(const Unmap& unmap) {
   const Driver& driver = drv();
   for (const MarkRef& mark : unmap.waits) {
-    if (!mark->complete(driver)) return false;  // not closed yet (its stream captures), or running
+    CUresult failure = CUDA_SUCCESS;
+    if (!mark->complete(driver, &failure)) {
+      if (failure != CUDA_SUCCESS) {
+        die(cuda_failure("cuEventQuery", failure,
+                         "the last use of slot " + std::to_string(unmap.slot) +
+                             " before its eviction (the device faulted in the work it follows)"));
+      }
+      return false;  // not closed yet (its stream captures), or still running
+    }
   }
   if (!unmap.after_restore) return true;
   if (unmap.device_handshake) {
