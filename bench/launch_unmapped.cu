@@ -14,19 +14,20 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    CUresult r_ = (x);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                              \
-      const char* n_ = nullptr;                                                            \
-      cuGetErrorName(r_, &n_);                                                             \
-      std::printf("FATAL %s: %s\n", #x, n_);                                               \
-      return 1;                                                                            \
-    }                                                                                      \
+#define CK(x)                                \
+  do {                                       \
+    CUresult r_ = (x);                       \
+    if (r_ != CUDA_SUCCESS) {                \
+      const char* n_ = nullptr;              \
+      cuGetErrorName(r_, &n_);               \
+      std::printf("FATAL %s: %s\n", #x, n_); \
+      return 1;                              \
+    }                                        \
   } while (0)
 
 __global__ void fill(unsigned* p, unsigned v, size_t n) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v;
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    p[i] = v;
 }
 
 namespace {
@@ -99,9 +100,8 @@ int main() {
 
   // 1. eager copy and memset into the unmapped address
   if (park()) return 1;
-  cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(dst.va),
-                                  reinterpret_cast<void*>(src.va), kBytes,
-                                  cudaMemcpyDeviceToDevice, s);
+  cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(dst.va), reinterpret_cast<void*>(src.va),
+                                  kBytes, cudaMemcpyDeviceToDevice, s);
   std::printf("eager cudaMemcpyAsync into an unmapped VA: %s\n", name(e));
   cudaGetLastError();
   e = cudaMemsetAsync(reinterpret_cast<void*>(dst.va), 3, kBytes, s);
@@ -132,7 +132,8 @@ int main() {
   cudaStreamSynchronize(s);
   cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
   size_t copied = 0, set = 0;
-  for (size_t i = 0; i < kBytes; ++i) (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
+  for (size_t i = 0; i < kBytes; ++i)
+    (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
   std::printf("graph result: %zu of %zu copied bytes right, %zu of %zu set bytes right\n", copied,
               kBytes / 2, set, kBytes / 2);
   if (dst.unmap()) return 1;
