@@ -1,4 +1,8 @@
 // Simulated driver: initialization, devices, primary contexts, errors, fault injection.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -49,6 +53,36 @@ std::unordered_map<std::string, Armed>& armed_faults() {
 }
 std::atomic<bool> g_any_armed{false};
 
+// VASWAP_SIM_COUNT="cuMemMap,device": how often each named function (or pseudo-function) was
+// checked, printed at exit as "vaswap-sim: calls cuMemMap=12 device=40".
+std::atomic<bool> g_counting{false};
+std::map<std::string, unsigned long long>& counted_calls() {  // guarded by fault_mutex()
+  static auto* m = new std::map<std::string, unsigned long long>;
+  return *m;
+}
+
+void print_counts() {
+  std::lock_guard<std::mutex> lock(fault_mutex());
+  std::string line = "vaswap-sim: calls";
+  for (const auto& c : counted_calls()) line += " " + c.first + "=" + std::to_string(c.second);
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+void count_from_env() {
+  const char* spec = std::getenv("VASWAP_SIM_COUNT");
+  if (spec == nullptr || *spec == '\0') return;
+  std::string s(spec);
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > at) counted_calls()[s.substr(at, comma - at)] = 0;
+    at = comma + 1;
+  }
+  g_counting.store(true);
+  std::atexit(print_counts);
+}
+
 // VASWAP_SIM_FAULTS="cuMemMap:3:2,cudaMalloc:1:2": function, nth call, error code.
 void arm_faults_from_env() {
   const char* spec = std::getenv("VASWAP_SIM_FAULTS");
@@ -76,6 +110,70 @@ bool initialized() { return g_initialized.load(std::memory_order_acquire); }
 
 CUresult fault_check(const char* function) {
   return static_cast<CUresult>(vaswapSimFaultCheck(function));
+}
+
+thread_local int tls_worker_device = -1;
+std::atomic<bool> g_any_sticky{false};
+
+CUresult sticky_error() {
+  if (!g_any_sticky.load(std::memory_order_acquire)) return CUDA_SUCCESS;
+  if (tls_context != nullptr) {
+    return static_cast<CUresult>(devices()[static_cast<size_t>(tls_context->device)].sticky.load());
+  }
+  for (const Device& d : devices()) {
+    if (int e = d.sticky.load()) return static_cast<CUresult>(e);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult device_error(int device) {
+  return static_cast<CUresult>(devices()[static_cast<size_t>(device)].sticky.load());
+}
+
+thread_local const char* tls_running = nullptr;
+
+namespace {
+
+// A touch of an unmapped device address is a SIGSEGV here, where a GPU would report an illegal
+// address. Say what touched it, and where, before the process dies as it would anyway.
+void report_device_fault(int, siginfo_t* info, void*) {
+  char line[160];
+  size_t n = 0;
+  auto put = [&](const char* text) {
+    while (*text != '\0' && n < sizeof line - 1) line[n++] = *text++;
+  };
+  put("vaswap-sim: device fault: ");
+  put(tls_running != nullptr ? tls_running : "host code");
+  put(" touched unmapped address 0x");
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (int shift = 60; shift >= 0; shift -= 4) {
+    if (n < sizeof line - 1) line[n++] = "0123456789abcdef"[(address >> shift) & 0xf];
+  }
+  put(" (a GPU: CUDA_ERROR_ILLEGAL_ADDRESS)\n");
+  ssize_t ignored = write(STDERR_FILENO, line, n);
+  (void)ignored;
+  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now kills the process
+}
+
+}  // namespace
+
+void install_fault_reporter() {
+  struct sigaction current {};
+  if (sigaction(SIGSEGV, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction report {};
+  report.sa_sigaction = report_device_fault;
+  report.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&report.sa_mask);
+  sigaction(SIGSEGV, &report, nullptr);
+}
+
+bool kernel_faults() {
+  const int error = vaswapSimFaultCheck("device");
+  if (error == 0 || tls_worker_device < 0) return false;
+  int none = 0;
+  devices()[static_cast<size_t>(tls_worker_device)].sticky.compare_exchange_strong(none, error);
+  g_any_sticky.store(true, std::memory_order_release);
+  return true;
 }
 
 std::vector<Device>& devices() {
@@ -126,9 +224,16 @@ extern "C" void vaswapSimClearFaults(void) {
   std::lock_guard<std::mutex> lock(fault_mutex());
   armed_faults().clear();
   g_any_armed.store(false);
+  for (Device& d : devices()) d.sticky.store(0);
+  g_any_sticky.store(false);
 }
 
 extern "C" int vaswapSimFaultCheck(const char* function) {
+  if (g_counting.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(fault_mutex());
+    auto it = counted_calls().find(function);
+    if (it != counted_calls().end()) ++it->second;
+  }
   if (!g_any_armed.load(std::memory_order_relaxed)) return 0;
   std::lock_guard<std::mutex> lock(fault_mutex());
   auto it = armed_faults().find(function);
@@ -137,6 +242,8 @@ extern "C" int vaswapSimFaultCheck(const char* function) {
   const int error = it->second.error;
   armed_faults().erase(it);
   g_any_armed.store(!armed_faults().empty());
+  // Said on stderr, so a test knows the fault fired (and when, among the program's own messages).
+  std::fprintf(stderr, "vaswap-sim: injected fault: %s -> %d\n", function, error);
   return error;
 }
 
@@ -167,6 +274,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
   static std::once_flag once;
   std::call_once(once, [] {
     arm_faults_from_env();
+    count_from_env();
+    install_fault_reporter();
     int count = 2;
     if (const char* n = std::getenv("VASWAP_SIM_DEVICES")) count = std::atoi(n);
     if (count < 0) count = 0;
@@ -355,7 +464,7 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   SIM_TRY(current_device(&dev));
   SIM_TRY(check_capture_safety());
   synchronize_device(dev);
-  return CUDA_SUCCESS;
+  return device_error(dev);
 }
 
 // CUDA 13.0 revisions (cuGetProcAddress version 13000) that name the context; NULL means the

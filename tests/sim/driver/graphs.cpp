@@ -84,9 +84,22 @@ std::unique_ptr<Node> Node::clone(Graph* new_owner,
 
 void Node::run() const {
   switch (type) {
-    case CU_GRAPH_NODE_TYPE_KERNEL: function->desc->entry(args.data(), &dims); break;
-    case CU_GRAPH_NODE_TYPE_MEMCPY: run_copy(copy); break;
-    case CU_GRAPH_NODE_TYPE_MEMSET: run_memset(memset); break;
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+      if (kernel_faults()) break;
+      tls_running = function->desc->name;
+      function->desc->entry(args.data(), &dims);
+      tls_running = nullptr;
+      break;
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      tls_running = "a copy";
+      run_copy(copy);
+      tls_running = nullptr;
+      break;
+    case CU_GRAPH_NODE_TYPE_MEMSET:
+      tls_running = "a memset";
+      run_memset(memset);
+      tls_running = nullptr;
+      break;
     case CU_GRAPH_NODE_TYPE_HOST:
       tls_in_host_fn = true;
       host_fn(host_data);

@@ -115,7 +115,14 @@ void run_memops(const std::vector<CUstreamBatchMemOpParams>& ops) {
       case CU_STREAM_MEM_OP_WRITE_VALUE_64:
         store<cuuint64_t>(op.writeValue.address, op.writeValue.value64);
         break;
-      default: std::atomic_thread_fence(std::memory_order_seq_cst); break;
+      default: {
+        // A flush (CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES): order this stream's writes before
+        // what follows. A full barrier through an atomic read-modify-write, which ThreadSanitizer
+        // understands (it does not model atomic_thread_fence).
+        static std::atomic<int> barrier{0};
+        barrier.fetch_add(1, std::memory_order_seq_cst);
+        break;
+      }
     }
   }
 }

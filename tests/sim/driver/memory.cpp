@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <chrono>
+
 #include "state.h"
 
 namespace vsim {
@@ -173,6 +175,10 @@ static const char* copy_base(CUmemorytype t, const void* host, CUdeviceptr dev) 
 }
 
 void run_copy(const CUDA_MEMCPY3D& c) {
+  // The armed "copy_stall" fault holds this copy for that many milliseconds (a stalled engine).
+  if (const int stall_ms = vaswapSimFaultCheck("copy_stall")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+  }
   const char* src = copy_base(c.srcMemoryType, c.srcHost, c.srcDevice);
   char* dst = const_cast<char*>(copy_base(c.dstMemoryType, c.dstHost, c.dstDevice));
   const size_t height = c.Height ? c.Height : 1;

@@ -43,6 +43,18 @@ extern thread_local bool tls_null_is_per_thread;
 
 bool initialized();
 CUresult fault_check(const char* function);
+// The error a device fault left on the calling thread's device (any device when no context is
+// current), or CUDA_SUCCESS. Sticky, as on a GPU: every later call returns it.
+CUresult sticky_error();
+// The sticky error of `device` (what a synchronization returns once its wait ends).
+CUresult device_error(int device);
+// What a stream worker is running ("kernel NAME", "a copy", ...), for the device-fault report.
+extern thread_local const char* tls_running;
+// On a stream worker: the device it runs for (-1 elsewhere).
+extern thread_local int tls_worker_device;
+// Called as a kernel starts on the device: true when the armed "device" fault fires, which makes
+// the error sticky on tls_worker_device; the kernel does not run.
+bool kernel_faults();
 
 // Every public entry point starts with this: host-function rule, cuInit, fault injection.
 #define SIM_ENTER()                                                             \
@@ -52,6 +64,7 @@ CUresult fault_check(const char* function);
       return CUDA_ERROR_NOT_PERMITTED;                                          \
     }                                                                           \
     if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;              \
+    if (CUresult sim_sticky_ = ::vsim::sticky_error()) return sim_sticky_;      \
     if (CUresult sim_fault_ = ::vsim::fault_check(__func__)) return sim_fault_; \
   } while (0)
 
@@ -92,6 +105,8 @@ struct Device {
   // dispatched, and a waiting operation (event wait, wait-value, host function) is dispatched only
   // once it is done: it blocks the queue behind it, as on a GPU.
   std::atomic<bool> single_queue{false};
+  // A device fault (an illegal address in a kernel): every later call and operation fails with it.
+  std::atomic<int> sticky{0};
   std::mutex queue_mutex;
   std::condition_variable queue_cv;
   uint64_t queue_submitted = 0;   // sequence numbers handed out

@@ -42,6 +42,7 @@ void mark_dispatched(Device& device, uint64_t sequence) {
 
 void worker_loop(Stream* s) {
   Device& device = devices()[static_cast<size_t>(s->device)];
+  tls_worker_device = s->device;
   std::unique_lock<std::mutex> lock(s->mu);
   for (;;) {
     s->cv.wait(lock, [s] { return !s->ops.empty() || s->stopping; });
@@ -49,6 +50,9 @@ void worker_loop(Stream* s) {
     Stream::Op op = std::move(s->ops.front());
     s->ops.pop_front();
     lock.unlock();
+    // After a device fault nothing more runs on the device (host functions included); operations
+    // still retire, so waits end and the calls that check return the fault.
+    if (device.sticky.load() != 0) op.run = [] {};
     if (op.queue_sequence != 0) {
       // One hardware queue: wait until every earlier operation of the device was dispatched.
       {
@@ -340,10 +344,10 @@ CUresult vsim::sync_or_query(CUstream h, bool wait) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
   }
-  if (!wait) return s->done(s->tail()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  if (!wait) return s->done(s->tail()) ? device_error(s->device) : CUDA_ERROR_NOT_READY;
   SIM_TRY(check_capture_safety());
   s->wait(s->tail());
-  return CUDA_SUCCESS;
+  return device_error(s->device);
 }
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream h) {
@@ -491,7 +495,7 @@ CUresult CUDAAPI cuEventQuery(CUevent he) {
   std::lock_guard<std::mutex> lock(e->mu);
   if (e->capture != nullptr) return CUDA_ERROR_CAPTURED_EVENT;
   if (!e->stream || e->stamped) return CUDA_SUCCESS;
-  return e->stream->done(e->ticket) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  return e->stream->done(e->ticket) ? device_error(e->stream->device) : CUDA_ERROR_NOT_READY;
 }
 
 CUresult CUDAAPI cuEventSynchronize(CUevent he) {
@@ -507,8 +511,9 @@ CUresult CUDAAPI cuEventSynchronize(CUevent he) {
     ticket = e->ticket;
   }
   SIM_TRY(check_capture_safety());
-  if (s) s->wait(ticket);
-  return CUDA_SUCCESS;
+  if (!s) return CUDA_SUCCESS;
+  s->wait(ticket);
+  return device_error(s->device);
 }
 
 CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent hstart, CUevent hend) {

@@ -209,4 +209,57 @@ TEST_F(StreamTest, CallsBeforeInitAndWithoutContextFail) {
   other.join();
 }
 
+// The "device" fault: the armed kernel does not run, its error becomes sticky on that device, and
+// nothing after it runs there (a host function enqueued behind it never fires), while operations
+// still retire so synchronization returns the error instead of hanging.
+TEST_F(StreamTest, ADeviceFaultIsStickyAndStopsTheDevice) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 4 * sizeof(uint32_t)));
+  ASSERT_CU(cuMemsetD32(buf, 5, 4));
+  auto* p = reinterpret_cast<uint32_t*>(buf);
+  ASSERT_CU(sim_kernels::launch_add(s, p, p, 1, 4));  // runs: 6
+  ASSERT_CU(cuStreamSynchronize(s));
+  ASSERT_EQ(0, vaswapSimInjectFault("device", 2, CUDA_ERROR_ILLEGAL_ADDRESS));
+  Gate gate;  // holds the stream until everything below is enqueued
+  ASSERT_CU(cuLaunchHostFunc(s, Gate::wait_fn, &gate));
+  ASSERT_CU(sim_kernels::launch_add(s, p, p, 10, 4));   // 16
+  ASSERT_CU(sim_kernels::launch_add(s, p, p, 100, 4));  // faults: does not run
+  Trace trace;
+  Mark mark{&trace, 1};
+  ASSERT_CU(cuLaunchHostFunc(s, Mark::fn, &mark));
+  gate.release();
+  EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuStreamSynchronize(s));
+  EXPECT_TRUE(trace.order.empty()) << "a host function ran after the device faulted";
+  CUdeviceptr other = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemAlloc(&other, 4096));
+  EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+  // Device memory is host memory here: the kernel before the fault ran, the faulting one did not.
+  EXPECT_EQ(16u, p[0]);
+  vaswapSimClearFaults();
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+// The "copy_stall" fault holds one copy for the armed milliseconds; the bytes still arrive.
+TEST_F(StreamTest, AStalledCopyArrivesLate) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 64));
+  std::vector<char> host(64, 'x'), back(64, 0);
+  ASSERT_EQ(0, vaswapSimInjectFault("copy_stall", 1, 300));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_CU(cuMemcpyHtoDAsync(buf, host.data(), 64, s));
+  EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  ASSERT_CU(cuMemcpyDtoH(back.data(), buf, 64));
+  EXPECT_EQ(host, back);
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
 }  // namespace

@@ -56,9 +56,12 @@ typedef struct vaswap_sim_fatbin_wrapper {
  * cuGetProcAddress (so the simulated runtime needs no link-time dependency on the driver). */
 
 /* Arms a fault: the `nth` call (1 = the next one) of `function` returns `error` instead of running.
- * Counts from the moment of arming. Returns 0, or 1 when the arguments are invalid. */
+ * Counts from the moment of arming. Returns 0, or 1 when the arguments are invalid. Two names are
+ * not functions: "device" faults the device at the nth kernel to run (`error` becomes sticky),
+ * and "copy_stall" holds the nth copy to run for `error` milliseconds. */
 int vaswapSimInjectFault(const char* function, unsigned long long nth, int error);
-/* Disarms every fault. */
+/* Disarms every fault and clears a device fault's sticky error (a test's reset; a GPU needs a new
+ * process). */
 void vaswapSimClearFaults(void);
 /* Counts one call of `function` and returns the armed error for it, or 0. */
 int vaswapSimFaultCheck(const char* function);
