@@ -1,5 +1,8 @@
 #include "host_pool.h"
 
+#include <chrono>
+#include <thread>
+
 #include "driver.h"
 #include "errors.h"
 #include "trace.h"
@@ -30,7 +33,14 @@ void* HostPool::allocate(size_t bytes) {
   }
   const uint64_t start = trace::now_ns();
   void* host = nullptr;
-  const CUresult rc = driver_.cuMemHostAlloc(&host, rounded, CU_MEMHOSTALLOC_PORTABLE);
+  // Pinning can fail for a moment (another process pinning, the kernel compacting): three tries
+  // over ~20 ms before the failure is the caller's.
+  CUresult rc = CUDA_SUCCESS;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(4 << (2 * attempt)));
+    rc = driver_.cuMemHostAlloc(&host, rounded, CU_MEMHOSTALLOC_PORTABLE);
+    if (rc == CUDA_SUCCESS) break;
+  }
   if (rc != CUDA_SUCCESS) {
     fail(VASWAP_ERROR_CUDA,
          cuda_failure("cuMemHostAlloc", rc, "a pinned host buffer of " + byte_size(rounded)) +

@@ -564,7 +564,8 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   }
   tls_captures.push_back(stream);
   t.captures_begun.fetch_add(1, std::memory_order_relaxed);
-  residency::captures_open(t.captures_open.fetch_add(1, std::memory_order_relaxed) + 1);
+  t.captures_open.fetch_add(1, std::memory_order_relaxed);
+  residency::capture_count(+1);
   planner::capture_begun();
   if (trace::enabled()) {
     auto r = record(trace::Event::capture_begin, call);
@@ -586,7 +587,8 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
     if (it != t.captures.end()) {
       ended = it->second;
       t.captures.erase(it);
-      residency::captures_open(t.captures_open.fetch_sub(1, std::memory_order_relaxed) - 1);
+      t.captures_open.fetch_sub(1, std::memory_order_relaxed);
+      residency::capture_count(-1);
     }
   }
   if (ended && result == CUDA_SUCCESS && graph != nullptr) {

@@ -168,6 +168,7 @@ namespace {
 std::vector<int> away_positions(const Window& w, int n) {
   std::vector<int> out;
   const int length = ((w.restore_at - w.release_at) % n + n) % n;
+  out.reserve(static_cast<size_t>(length));
   for (int k = 0; k < length; ++k) out.push_back((w.release_at + k) % n);
   return out;
 }

@@ -182,14 +182,18 @@ class Planner {
     // with the guard off.
     eager_.store(phase != Phase::steady || policy_.guard, std::memory_order_relaxed);
   }
-  Ticket acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 const char* reason, residency::Checked checked = residency::Checked::when_run);
+  // Residency for one launch. `lock` (the planner's) is released while residency decides and
+  // waits: residency's waits end when other threads get on (close their marks, enqueue, free),
+  // and those threads take this lock first.
+  Ticket acquire(std::unique_lock<std::mutex>& lock, const std::vector<Slot*>& slots,
+                 CUstream stream, const std::string& what, const char* reason,
+                 residency::Checked checked = residency::Checked::when_run);
   void learn(const char* why);
   void drop_events(std::vector<Seen>& seen);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
   void start_planning(int period);
-  Ticket advance(const char* symbol, CUgraphExec exec, CUstream stream,
-                 const std::vector<Slot*>& slots, const std::string& what);
+  Ticket advance(std::unique_lock<std::mutex>& lock, const char* symbol, CUgraphExec exec,
+                 CUstream stream, const std::vector<Slot*>& slots, const std::string& what);
   void start_sampler(const Driver& driver);
   void trace_action(trace::Event event, const std::vector<Slot*>& slots, CUstream stream) const {
     if (!trace::enabled()) return;
@@ -244,12 +248,15 @@ std::string describe_graph(const char* symbol, CUgraphExec exec) {
 // Residency for one launch (invariant 2)
 // =============================================================================================
 
-Ticket Planner::acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                        const char* reason, residency::Checked checked) {
+Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Slot*>& slots,
+                        CUstream stream, const std::string& what, const char* reason,
+                        residency::Checked checked) {
   Ticket ticket;
   const uint64_t start = trace::now_ns();
+  lock.unlock();
   ticket.result =
       residency::acquire(slots, stream, what, &ticket.acquired, &ticket.message, checked);
+  lock.lock();
   if (ticket.result != CUDA_SUCCESS) return ticket;
   const residency::Acquired& a = ticket.acquired;
   if (phase_ == Phase::steady) counters_.on_demand_restores += a.demanded;
@@ -610,8 +617,8 @@ void Planner::start_sampler(const Driver& driver) {
 // Planning and steady state: where the launch sits in the period, and the schedule's actions
 // there: releases first (their last use is behind), the launch's own slots, then the restores
 // that must start now to land before their use.
-Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
-                        const std::vector<Slot*>& slots, const std::string& what) {
+Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, CUgraphExec exec,
+                        CUstream stream, const std::vector<Slot*>& slots, const std::string& what) {
   const int period = static_cast<int>(keys_.size());
   if (keys_[static_cast<size_t>(position_)] != exec) {
     // Out of order: a known graph resynchronizes (an evaluation step, a skipped graph); an
@@ -632,8 +639,8 @@ Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
     }
     if (found < 0) {
       learn("a graph the plan does not know was launched");
-      Ticket ticket = acquire(slots, stream, what, "learning");
-      if (ticket.result == CUDA_SUCCESS) observe(exec, stream, slots);
+      Ticket ticket = acquire(lock, slots, stream, what, "learning");
+      if (ticket.result == CUDA_SUCCESS && phase_ == Phase::learning) observe(exec, stream, slots);
       return ticket;
     }
     position_ = found;
@@ -649,14 +656,18 @@ Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
     }
     // The launch's own slots only: the eager work that follows it (and that the period counts at
     // this position) acquires its own, one call at a time.
-    ticket = acquire(slots, stream, what, "graph");
+    const uint64_t generation = generation_;
+    ticket = acquire(lock, slots, stream, what, "graph");
+    if (generation_ != generation) return ticket;  // learning again meanwhile: no plan to follow
     if (ticket.result == CUDA_SUCCESS && !active_.restores[p].empty()) {
       residency::prefetch(active_.restores[p]);
       counters_.planned_restores += active_.restores[p].size();
       trace_action(trace::Event::plan_restore, active_.restores[p], stream);
     }
   } else {
-    ticket = acquire(slots, stream, what, "graph");
+    const uint64_t generation = generation_;
+    ticket = acquire(lock, slots, stream, what, "graph");
+    if (generation_ != generation) return ticket;
   }
   position_ = (position_ + 1) % period;
   return ticket;
@@ -664,7 +675,7 @@ Ticket Planner::advance(const char* symbol, CUgraphExec exec, CUstream stream,
 
 Ticket Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
                              const std::vector<Slot*>& slots, uint64_t capture) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   const Driver& driver = *load_driver(nullptr);
   if (!sampler_tried_) start_sampler(driver);
   const std::string what = describe_graph(symbol, exec);
@@ -685,15 +696,17 @@ Ticket Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stre
             }
           }
         }
-        ticket = acquire(needs, stream, what, policy_.mode == Mode::rules ? "rule" : "graph");
+        ticket = acquire(lock, needs, stream, what, policy_.mode == Mode::rules ? "rule" : "graph");
         break;
       }
       case Phase::learning:
-        ticket = acquire(slots, stream, what, "learning");
-        if (ticket.result == CUDA_SUCCESS) observe(exec, stream, slots);
+        ticket = acquire(lock, slots, stream, what, "learning");
+        if (ticket.result == CUDA_SUCCESS && phase_ == Phase::learning) {
+          observe(exec, stream, slots);
+        }
         break;
       case Phase::planning:
-      case Phase::steady: ticket = advance(symbol, exec, stream, slots, what); break;
+      case Phase::steady: ticket = advance(lock, symbol, exec, stream, slots, what); break;
     }
   } catch (const Error& error) {
     log().error("{}: {}", symbol, error.what());
@@ -739,8 +752,8 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
 
 Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
                              residency::Checked checked) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Ticket ticket = acquire(slots, stream, symbol, "eager", checked);
+  std::unique_lock<std::mutex> lock(mutex_);
+  Ticket ticket = acquire(lock, slots, stream, symbol, "eager", checked);
   if (ticket.result != CUDA_SUCCESS) {
     log().error("{}", ticket.message);
     return ticket;

@@ -139,28 +139,30 @@ struct Flag {
 // ---------------------------------------------------------------------------------------------
 
 struct Entry {
+  // Wide fields first, then narrow ones (no padding between them).
   Slot* slot = nullptr;
   uint64_t id = 0;
-  int device = 0;
-  uint64_t pages = 0;  // mapped bytes: what the budget counts
-  uint64_t bytes = 0;  // what copies move
-  Where where = Where::unbacked;
-  bool has_data = false;  // used since it got pages: an eviction copies it out
-  void* host = nullptr;   // its pinned copy, kept while it moves
-  Flag flag;
-  uint32_t ready = 0;         // the flag's value once its pages and data are in place
-  uint32_t mapped_ready = 0;  // the restore whose pages are mapped now (its data may still move)
-  std::vector<std::pair<StreamKey, uint32_t>> waited;  // streams that waited for `ready`
+  uint64_t pages = 0;    // mapped bytes: what the budget counts
+  uint64_t bytes = 0;    // what copies move
+  void* host = nullptr;  // its pinned copy, kept while it moves
   // Host handshake: the restore of `ready` was submitted, and ready_event follows its copy.
-  bool submitted = true;
   CUevent ready_event = nullptr;
-  std::vector<Mark> marks;  // its last use on each stream since it got pages
   uint64_t lru = 0;
-  int pins = 0;
   // Evictions decided, and done (unmapped, given up or skipped): a restore waits for those
   // decided before it, and only those (an eviction decided later follows it in the queue).
   uint64_t evictions_decided = 0, evictions_done = 0;
-  bool busy = false;       // a worker's driver call on its pages is in flight
+  Flag flag;
+  std::vector<std::pair<StreamKey, uint32_t>> waited;  // streams that waited for `ready`
+  std::vector<Mark> marks;  // its last use on each stream since it got pages
+  int device = 0;
+  uint32_t ready = 0;         // the flag's value once its pages and data are in place
+  uint32_t mapped_ready = 0;  // the restore whose pages are mapped now (its data may still move)
+  uint32_t landed = 0;        // the last restore whose pages and data are in place (host's view)
+  int pins = 0;
+  int busy = 0;  // workers' driver calls on its pages (or its VA) in flight
+  Where where = Where::unbacked;
+  bool has_data = false;  // used since it got pages: an eviction copies it out
+  bool submitted = true;
   bool mapped = false;     // pages mapped now (what the workers did, not what was decided)
   bool unmapping = false;  // the unmapper is unmapping it
   bool forgotten = false;
@@ -230,6 +232,7 @@ struct Copied {
   uint64_t bytes = 0;
   CUevent start = nullptr, end = nullptr;
   uint64_t queued_ns = 0;
+  uint32_t ready = 0;  // the restore it carries (Entry::landed once it is done)
 };
 
 struct Device {
@@ -284,6 +287,12 @@ class Residency {
     position_ = position;
   }
   uint64_t make_room(int ordinal, uint64_t bytes);
+  bool evictable_during_capture_locked(const Entry& e) const;
+  static bool marks_closed(const Entry& e) {
+    return std::all_of(e.marks.begin(), e.marks.end(),
+                       [](const Mark& m) { return m.record->closed(); });
+  }
+  uint64_t make_room_once(int ordinal, uint64_t bytes, bool* busy_slots);
   Budget budget(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
@@ -354,8 +363,34 @@ class Residency {
   bool submit_copy(Device& d, Unmap& unmap);
   bool relieve(Device& d, uint64_t restoring);
   bool evict_idle(Device& d, uint64_t restoring);
-  CUresult wait_event(CUevent event);
+  // CUDA_SUCCESS, the driver's error, or (with *timed_out set) CUDA_ERROR_LAUNCH_TIMEOUT once
+  // residency.wait_limit has passed.
+  CUresult wait_event(CUevent event, bool* timed_out);
+  // What a failed wait_event says about `subject`.
+  std::string wait_failure(CUresult rc, bool timed_out, const std::string& subject);
+  void record_or_die(const Driver& driver, CUevent event, CUstream stream,
+                     const std::string& subject);
   [[noreturn]] void die(const std::string& message);
+
+  // Gives back, at the end of a scope, a busy count taken on slot `id` under mutex_ (0: none).
+  class BusyHold {
+   public:
+    BusyHold(Residency& r, uint64_t id) : r_(r), id_(id) {}
+    BusyHold(const BusyHold&) = delete;
+    BusyHold& operator=(const BusyHold&) = delete;
+    ~BusyHold() {
+      if (id_ == 0) return;
+      {
+        std::lock_guard<std::mutex> lock(r_.mutex_);
+        if (Entry* e = r_.by_id_locked(id_)) --e->busy;
+      }
+      r_.changed_.notify_all();
+    }
+
+   private:
+    Residency& r_;
+    uint64_t id_;
+  };
 
   std::mutex submit_;  // one application thread decides and enqueues at a time
   std::mutex mutex_;   // the state below; never held across a driver call
@@ -368,7 +403,6 @@ class Residency {
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
   uint64_t tick_ = 0;
-  uint64_t next_job_ = 1;
   Stats stats_;
   bool said_fallback_ = false;
 
@@ -426,9 +460,15 @@ Device& Residency::device_locked(int ordinal) { return *devices_.at(ordinal); }
 void Residency::start_device(Device& d) {
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
-  if (driver.cuStreamCreate(&d.offload, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
-      driver.cuStreamCreate(&d.restore, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-    die("cuStreamCreate failed for vaswap's copy streams on device " + std::to_string(d.ordinal));
+  CUresult created =
+      with_retries([&] { return driver.cuStreamCreate(&d.offload, CU_STREAM_NON_BLOCKING); });
+  if (created == CUDA_SUCCESS) {
+    created =
+        with_retries([&] { return driver.cuStreamCreate(&d.restore, CU_STREAM_NON_BLOCKING); });
+  }
+  if (created != CUDA_SUCCESS) {
+    die(cuda_failure("cuStreamCreate", created,
+                     "vaswap's copy streams on device " + std::to_string(d.ordinal)));
   }
   size_t free_bytes = 0, total_bytes = 0;
   if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) d.total = total_bytes;
@@ -509,10 +549,13 @@ Flag Residency::take_flag(Device& d) {
   ContextScope scope(driver, d.context);
   void* host = nullptr;
   const size_t bytes = kFlagsPerChunk * sizeof(uint32_t);
-  if (driver.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) !=
-      CUDA_SUCCESS) {
-    die("cuMemHostAlloc failed for vaswap's handshake flags on device " +
-        std::to_string(d.ordinal));
+  const CUresult rc = with_retries([&] {
+    return driver.cuMemHostAlloc(&host, bytes,
+                                 CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+  });
+  if (rc != CUDA_SUCCESS) {
+    die(cuda_failure("cuMemHostAlloc", rc,
+                     "vaswap's handshake flags on device " + std::to_string(d.ordinal)));
   }
   std::memset(host, 0, bytes);
   CUdeviceptr base = 0;
@@ -560,9 +603,9 @@ CUevent EventPool::take(CUcontext context) {
 Marks& Residency::marks_of(const StreamKey& key) {
   Marks& m = marks_[key];
   if (m.context == nullptr) {
-    if (special(key.handle)) {
-      drv().cuCtxGetCurrent(&m.context);
-    } else if (drv().cuStreamGetCtx(key.handle, &m.context) != CUDA_SUCCESS) {
+    // The legacy and per-thread streams belong to the current context; so does a stream whose
+    // context cannot be read.
+    if (special(key.handle) || drv().cuStreamGetCtx(key.handle, &m.context) != CUDA_SUCCESS) {
       drv().cuCtxGetCurrent(&m.context);
     }
   }
@@ -621,6 +664,12 @@ int64_t Residency::distance_locked(const Entry& e) const {
   return static_cast<int64_t>(tick_ - e.lru);
 }
 
+// While a capture is open, a mark left open could only be closed on a capturing stream: a slot
+// used since its streams' last marks waits until they are closed (or the captures end).
+bool Residency::evictable_during_capture_locked(const Entry& e) const {
+  return captures_.load(std::memory_order_acquire) == 0 || marks_closed(e);
+}
+
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
                                               const std::vector<Entry*>& keep,
                                               bool recorded_only) const {
@@ -628,12 +677,7 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
   for (const auto& [slot, e] : entries_) {
     if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
-    // While a capture is open, a mark left open could only be closed on a capturing stream.
-    if ((recorded_only || captures_.load(std::memory_order_acquire) > 0) &&
-        !std::all_of(e.marks.begin(), e.marks.end(),
-                     [](const Mark& m) { return m.record->closed(); })) {
-      continue;
-    }
+    if (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) continue;
     candidates.push_back(const_cast<Entry*>(&e));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
@@ -933,7 +977,7 @@ void Residency::forget(Slot* slot) {
   e->forgotten = true;
   // Jobs still queued skip it (they find it no more); a driver call in flight on it finishes.
   const bool idle = changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns),
-                                      [e] { return !e->busy; });
+                                      [e] { return e->busy == 0; });
   if (!idle) {
     log().error("slot {} is freed while a worker still works on its pages", e->id);
   }
@@ -968,19 +1012,23 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
   acquired->slots.clear();
   acquired->stream = stream;
   if (slots.empty()) return CUDA_SUCCESS;
-  std::lock_guard<std::mutex> submit(submit_);
+  std::unique_lock<std::mutex> submit(submit_);
   const StreamKey key = key_of(stream);
   // Everything enqueued on the stream so far is closed by one mark: last uses made there end here.
   close_mark(key);
   const int ordinal = slots[0]->device;
   Device& d = device(ordinal);
   bool refreshed = false;
+  // Room held by other threads' launches being prepared (their slots pinned) comes back as soon
+  // as they are enqueued: wait for it, up to residency.wait_limit, before refusing this launch.
+  const uint64_t started = trace::now_ns();
   for (int attempt = 0; attempt < 4; ++attempt) {
     Actions actions;
     actions.device = ordinal;
     std::vector<Entry*> needed, victims;
     uint64_t need_pages = 0, new_pages = 0;
     bool refresh = false;
+    bool pinned_elsewhere = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (Slot* slot : slots) {
@@ -1019,11 +1067,36 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         uint64_t freed = 0;
         for (const Entry* v : victims) freed += v->pages;
         if (d.committed + new_pages - freed > budget.limit) {
+          pinned_elsewhere =
+              trace::now_ns() - started < settings_.wait_limit_ns &&
+              std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
+                const Entry& other = entry.second;
+                return other.device == ordinal && other.where == Where::resident &&
+                       std::find(needed.begin(), needed.end(), &other) == needed.end() &&
+                       (other.pins > 0 || !evictable_during_capture_locked(other));
+              });
+        }
+        if (!pinned_elsewhere && d.committed + new_pages - freed > budget.limit) {
           ++stats_.oom_launches;
+          uint64_t mine = 0, pinned = 0, open_marks = 0;
+          for (const auto& [slot, other] : entries_) {
+            if (other.device != ordinal || other.where != Where::resident) continue;
+            if (std::find(needed.begin(), needed.end(), &other) != needed.end()) {
+              mine += other.pages;
+            } else if (other.pins > 0) {
+              pinned += other.pages;
+            } else if (!evictable_during_capture_locked(other)) {
+              open_marks += other.pages;
+            }
+          }
           *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
-                     std::to_string(ordinal) + ", but only " + byte_size(freed) +
-                     " can be evicted now (the rest is in use by launches being prepared); "
-                     "nothing was launched";
+                     std::to_string(ordinal) + " within the budget of " + byte_size(budget.limit) +
+                     ", but only " + byte_size(freed) + " can be evicted (" +
+                     byte_size(d.committed) + " held: " + byte_size(mine) + " by this launch, " +
+                     byte_size(pinned) + " pinned by other launches, " + byte_size(open_marks) +
+                     " in use while a capture is open; waited " +
+                     std::to_string(trace::us_since(started) / 1000) + " ms, " +
+                     std::to_string(captures_.load()) + " captures open); nothing was launched";
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }
@@ -1033,11 +1106,21 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       refreshed = true;
       continue;
     }
+    if (pinned_elsewhere) {
+      submit.unlock();
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait_for(lock, std::chrono::milliseconds(2));
+      }
+      submit.lock();
+      --attempt;  // not a change of slots: a wait, bounded by residency.wait_limit
+      continue;
+    }
     {
       std::string why;
       if (!ensure_host_copies(victims, &why)) {
         ++stats_.oom_launches;
-        *message = what + ": cannot evict to make room: " + why;
+        message->assign(what).append(": cannot evict to make room: ").append(why);
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
     }
@@ -1066,6 +1149,10 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       stats_.peak_resident = std::max(stats_.peak_resident, d.committed);
     }
     carry_out(actions, true, stream);
+    // Decided and enqueued; the slots are pinned. The waits below are for the workers, which may
+    // need other threads to decide (close their marks, evict, free) before they can go on: no
+    // thread holds submit_ while it waits.
+    submit.unlock();
     if (!actions.host_waits.empty()) {
       std::string why;
       const uint64_t start = trace::now_ns();
@@ -1074,9 +1161,9 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       acquired->host_waited = blocked;
       acquired->host_wait_us = blocked ? trace::us_since(start) : 0;
       if (!submitted) {
-        used_submitted(*acquired);
+        used(*acquired);
         acquired->slots.clear();
-        *message = what + ": " + why;
+        message->assign(what).append(": ").append(why);
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
       const Driver& driver = drv();
@@ -1086,16 +1173,33 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
           std::lock_guard<std::mutex> lock(mutex_);
           event = e->ready_event;
         }
-        if (event != nullptr) driver.cuStreamWaitEvent(stream, event, 0);
+        if (event == nullptr) continue;
+        const CUresult rc =
+            with_retries([&] { return driver.cuStreamWaitEvent(stream, event, 0); });
+        if (rc == CUDA_SUCCESS) continue;
+        // The stream cannot be made to wait for the restore's copy: wait for it here instead,
+        // before the launch is enqueued (invariant 1: no reader before the data).
+        bool timed_out = false;
+        const CUresult waited = wait_event(event, &timed_out);
+        if (waited != CUDA_SUCCESS) {
+          used(*acquired);
+          acquired->slots.clear();
+          message->assign(what)
+              .append(": ")
+              .append(cuda_failure("cuStreamWaitEvent", rc, "a restore's copy"))
+              .append(", and ")
+              .append(wait_failure(waited, timed_out, "the copy, waited for on the host,"));
+          return waited == CUDA_ERROR_LAUNCH_TIMEOUT ? CUDA_ERROR_OUT_OF_MEMORY : waited;
+        }
       }
     }
     if (checked == Checked::when_enqueued) {
       std::string why;
       const uint64_t start = trace::now_ns();
       if (!wait_mapped(acquired->slots, &why)) {
-        used_submitted(*acquired);
+        used(*acquired);
         acquired->slots.clear();
-        *message = what + ": " + why;
+        message->assign(what).append(": ").append(why);
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
       acquired->map_wait_us = trace::us_since(start);
@@ -1134,6 +1238,7 @@ void Residency::used_submitted(const Acquired& acquired) {
       if (!found) e->marks.push_back(Mark{key, mark});
     }
   }
+  changed_.notify_all();  // launches waiting for pinned room (acquire) look again
   if (special(acquired.stream)) close_mark(key);
 }
 
@@ -1227,6 +1332,26 @@ void Residency::set_schedule(const std::vector<std::vector<Slot*>>& uses) {
 }
 
 uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
+  // Slots in use right now (pinned by a launch being prepared, or used since the last mark while
+  // a capture is open) become evictable within moments: the program's allocation waits for them
+  // a little (at most a second, or residency.wait_limit if shorter) before it fails.
+  const uint64_t start = trace::now_ns();
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    bool busy_slots = false;
+    const uint64_t freed = make_room_once(ordinal, bytes, &busy_slots);
+    uint64_t limit = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit = std::min<uint64_t>(settings_.wait_limit_ns, 1000000000ull);
+    }
+    if (freed > 0 || !busy_slots || trace::now_ns() - start > limit) return freed;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(32));
+  }
+}
+
+uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots) {
   std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> submit(submit_);
@@ -1241,6 +1366,13 @@ uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       victims = victims_locked(d, bytes, {});
+      if (victims.empty()) {
+        *busy_slots = std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
+          const Entry& e = entry.second;
+          return e.device == ordinal && e.where == Where::resident &&
+                 (e.pins > 0 || !evictable_during_capture_locked(e));
+        });
+      }
     }
     std::string why;
     if (!ensure_host_copies(victims, &why)) {
@@ -1378,8 +1510,19 @@ Stats Residency::stats() {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (lock.owns_lock()) {
       for (const auto& [ordinal, d] : devices_) {
-        log().debug("device {}: committed {} physical {} jobs {} unmaps {}", ordinal, d->committed,
-                    d->physical, d->jobs.size(), d->unmaps.size());
+        log().debug("device {}: committed {} physical {} jobs {} unmaps {} ({} in flight)", ordinal,
+                    d->committed, d->physical, d->jobs.size(), d->unmaps.size(),
+                    d->unmaps_in_flight);
+        for (const Job& job : d->jobs) {
+          size_t open = 0, running = 0;
+          for (const MarkRef& m : job.waits) {
+            open += m->closed() ? 0 : 1;
+            running += m->closed() && !m->complete(drv()) ? 1 : 0;
+          }
+          log().debug("  job: {} slot {} waits {} ({} open, {} running)",
+                      job.kind == JobKind::restore ? "restore" : "evict", job.slot,
+                      job.waits.size(), open, running);
+        }
       }
       for (const auto& [slot, e] : entries_) {
         log().debug("slot {}: where {} mapped {} evictions {}/{} ready {} flag {}", e.id,
@@ -1402,7 +1545,8 @@ Stats Residency::stats() {
 
 // Polls an event with a short backoff, bounded by residency.wait_limit; an error (a device that
 // faulted) ends the wait at once.
-CUresult Residency::wait_event(CUevent event) {
+CUresult Residency::wait_event(CUevent event, bool* timed_out) {
+  *timed_out = false;
   const Driver& driver = drv();
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::microseconds(5);
@@ -1414,10 +1558,26 @@ CUresult Residency::wait_event(CUevent event) {
   for (;;) {
     const CUresult rc = driver.cuEventQuery(event);
     if (rc != CUDA_ERROR_NOT_READY) return rc;
-    if (trace::now_ns() - start > limit) return CUDA_ERROR_LAUNCH_TIMEOUT;
+    if (trace::now_ns() - start > limit) {
+      *timed_out = true;
+      return CUDA_ERROR_LAUNCH_TIMEOUT;
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(200));
   }
+}
+
+std::string Residency::wait_failure(CUresult rc, bool timed_out, const std::string& subject) {
+  if (!timed_out) return cuda_failure("cuEventQuery", rc, subject);
+  uint64_t limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit = settings_.wait_limit_ns;
+  }
+  return subject + " did not complete within residency.wait_limit (" +
+         std::to_string(limit / 1000000) +
+         " ms; CUDA_ERROR_LAUNCH_TIMEOUT): a copy engine or the device is stuck, or the limit is "
+         "too short for this job (raise residency.wait_limit)";
 }
 
 void Residency::run_mover(Device& d) {
@@ -1472,10 +1632,13 @@ bool Residency::relieve(Device& d, uint64_t restoring) {
       }
       bool landed = !job.after_restore;
       if (!landed) {
+        // The restore it follows is done: the device's flag says so (device handshake), or the
+        // completion thread saw its copy end (host handshake).
         const Entry* e = by_id_locked(job.slot);
-        landed =
-            e != nullptr && d.device_handshake && e->submitted &&
-            static_cast<int32_t>(__atomic_load_n(e->flag.host, __ATOMIC_ACQUIRE) - job.ready) >= 0;
+        const uint32_t now = e == nullptr         ? 0
+                             : d.device_handshake ? __atomic_load_n(e->flag.host, __ATOMIC_ACQUIRE)
+                                                  : e->landed;
+        landed = e != nullptr && e->submitted && static_cast<int32_t>(now - job.ready) >= 0;
       }
       if (landed) eligible.push_back({job.slot, job.waits, landed});
     }
@@ -1519,7 +1682,7 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
     std::vector<Entry*> entries;
     for (auto& [slot, e] : entries_) {
       if (e.device != d.ordinal || e.id == restoring || e.where != Where::resident || !e.mapped ||
-          e.pins > 0 || e.busy || e.evictions_done != e.evictions_decided) {
+          e.pins > 0 || e.busy > 0 || e.evictions_done != e.evictions_decided) {
         continue;
       }
       const bool recorded = std::all_of(e.marks.begin(), e.marks.end(),
@@ -1599,7 +1762,7 @@ void Residency::do_restore(Device& d, const Job& job) {
         // A size budget caps what slots hold at once. The auto one moves with the program's own
         // allocations: the device says whether there is room (cuMemCreate).
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
-        if (ready) e->busy = true;
+        if (ready) ++e->busy;
       }
     }
     if (ready) {
@@ -1613,7 +1776,7 @@ void Residency::do_restore(Device& d, const Job& job) {
       } catch (const Error& error) {
         failure = error.what();
         std::lock_guard<std::mutex> lock(mutex_);
-        if (Entry* e = by_id_locked(job.slot)) e->busy = false;
+        if (Entry* e = by_id_locked(job.slot)) --e->busy;
       }
     }
     uint64_t limit = 0;
@@ -1643,13 +1806,14 @@ void Residency::do_restore(Device& d, const Job& job) {
     if (e != nullptr) {
       e->mapped = true;
       e->mapped_ready = job.ready;
+      if (!job.with_data) e->landed = job.ready;  // nothing to copy: in place once mapped
     }
   }
   changed_.notify_all();
   const Driver& driver = drv();
   CUevent ready_event = nullptr;
   if (job.with_data) {
-    Copied copied{job.slot, slot->va, slot->bytes, spare_event(d), spare_event(d), 0};
+    Copied copied{job.slot, slot->va, slot->bytes, spare_event(d), spare_event(d), 0, job.ready};
     driver.cuEventRecord(copied.start, d.restore);
     rc = with_retries(
         [&] { return driver.cuMemcpyHtoDAsync(slot->va, host, slot->bytes, d.restore); });
@@ -1657,7 +1821,8 @@ void Residency::do_restore(Device& d, const Job& job) {
       die(cuda_failure("cuMemcpyHtoDAsync", rc, slot->describe()) +
           ". Its data is safe in pinned host memory");
     }
-    driver.cuEventRecord(copied.end, d.restore);
+    record_or_die(driver, copied.end, d.restore,
+                  "the end of the restore copy of " + slot->describe());
     copied.queued_ns = trace::now_ns();
     std::lock_guard<std::mutex> lock(mutex_);
     ++d.h2d_in_flight;
@@ -1678,15 +1843,19 @@ void Residency::do_restore(Device& d, const Job& job) {
       if (e != nullptr) ready_event = e->ready_event;
     }
     if (ready_event == nullptr) {
-      driver.cuEventCreate(&ready_event, CU_EVENT_DISABLE_TIMING);
+      const CUresult made = driver.cuEventCreate(&ready_event, CU_EVENT_DISABLE_TIMING);
+      if (made != CUDA_SUCCESS) {
+        die(cuda_failure("cuEventCreate", made, "the ready event of " + slot->describe()) +
+            ". Its data is safe in pinned host memory");
+      }
     }
-    driver.cuEventRecord(ready_event, d.restore);
+    record_or_die(driver, ready_event, d.restore, "the ready event of " + slot->describe());
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(job.slot);
     if (e != nullptr) {
-      e->busy = false;
+      --e->busy;
       e->submitted = true;
       if (job.with_data && !d.device_handshake) e->ready_event = ready_event;
     } else if (ready_event != nullptr) {
@@ -1732,6 +1901,15 @@ void Residency::do_evict(Device& d, const Job& job) {
 
 // True once the eviction's last uses have completed and the restore it follows has landed.
 bool Residency::dependencies_done(const Unmap& unmap) {
+  {
+    // A slot the program freed meanwhile has nothing left to copy: its eviction is over. Held
+    // busy while its events are read, so its free does not destroy them under this thread.
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(unmap.slot);
+    if (e == nullptr || e->forgotten) return true;
+    ++e->busy;
+  }
+  const BusyHold hold(*this, unmap.slot);
   const Driver& driver = drv();
   for (const MarkRef& mark : unmap.waits) {
     CUresult failure = CUDA_SUCCESS;
@@ -1767,8 +1945,12 @@ bool Residency::submit_copy(Device& d, Unmap& unmap) {
     if (e != nullptr && !e->forgotten) {
       slot = e->slot;
       host = e->host;
+      // The program's free waits until the copy is enqueued (then its synchronize covers it):
+      // never a copy from a VA, or into a host buffer, that is gone.
+      ++e->busy;
     }
   }
+  const BusyHold hold(*this, slot != nullptr ? unmap.slot : 0);
   unmap.submitted = true;
   unmap.start = spare_event(d);
   unmap.done = spare_event(d);
@@ -1779,12 +1961,23 @@ bool Residency::submit_copy(Device& d, Unmap& unmap) {
     if (rc != CUDA_SUCCESS) {
       log().error("{}; the slot stays resident",
                   cuda_failure("cuMemcpyDtoHAsync", rc, slot->describe()));
-      driver.cuEventRecord(unmap.done, d.offload);
+      record_or_die(driver, unmap.done, d.offload,
+                    "the end of the eviction of slot " + std::to_string(unmap.slot));
       return false;
     }
   }
-  driver.cuEventRecord(unmap.done, d.offload);
+  record_or_die(driver, unmap.done, d.offload,
+                "the end of the eviction of slot " + std::to_string(unmap.slot));
   return true;
+}
+
+// Records an event that a worker waits for before it acts (unmaps, publishes): an event that was
+// never recorded reads as complete, so a record that fails after retries ends the process
+// instead of letting pages go or data show early.
+void Residency::record_or_die(const Driver& driver, CUevent event, CUstream stream,
+                              const std::string& subject) {
+  const CUresult rc = with_retries([&] { return driver.cuEventRecord(event, stream); });
+  if (rc != CUDA_SUCCESS) die(cuda_failure("cuEventRecord", rc, subject));
 }
 
 // A timing event from the device's spares, or a new one.
@@ -1818,9 +2011,10 @@ void Residency::run_completions(Device& d) {
       copied = d.copies.front();
       d.copies.pop_front();
     }
-    const CUresult rc = wait_event(copied.end);
+    bool timed_out = false;
+    const CUresult rc = wait_event(copied.end, &timed_out);
     if (rc != CUDA_SUCCESS) {
-      die(cuda_failure("cuEventQuery", rc,
+      die(wait_failure(rc, timed_out,
                        "the restore copy of slot " + std::to_string(copied.slot) + " on device " +
                            std::to_string(d.ordinal)));
     }
@@ -1828,6 +2022,13 @@ void Residency::run_completions(Device& d) {
     float ms = 0;
     driver.cuEventElapsedTime(&ms, copied.start, copied.end);
     engine().count_copy(false, copied.bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (Entry* e = by_id_locked(copied.slot)) {
+        if (static_cast<int32_t>(copied.ready - e->landed) > 0) e->landed = copied.ready;
+      }
+    }
+    changed_.notify_all();
     if (trace::enabled()) {
       const auto back_ns = static_cast<uint64_t>(ms * 1e6f);
       trace::Record(trace::Event::h2d)
@@ -1880,8 +2081,10 @@ void Residency::run_unmapper(Device& d) {
       auto pause = std::chrono::microseconds(5);
       while (!dependencies_done(unmap)) {
         if (trace::now_ns() - start > limit) {
-          die("the eviction of slot " + std::to_string(unmap.slot) + " on device " +
-              std::to_string(d.ordinal) + " waited " + std::to_string(limit / 1000000) + " ms" +
+          die(wait_failure(CUDA_ERROR_LAUNCH_TIMEOUT, true,
+                           "the last uses before the eviction of slot " +
+                               std::to_string(unmap.slot) + " on device " +
+                               std::to_string(d.ordinal)) +
               stuck_part(driver, unmap));
         }
         std::this_thread::sleep_for(pause);
@@ -1894,9 +2097,10 @@ void Residency::run_unmapper(Device& d) {
       if (!dependencies_done(later)) break;
       later.failed = !submit_copy(d, later);
     }
-    const CUresult rc = wait_event(unmap.done);
+    bool timed_out = false;
+    const CUresult rc = wait_event(unmap.done, &timed_out);
     if (rc != CUDA_SUCCESS) {
-      die(cuda_failure("cuEventQuery", rc,
+      die(wait_failure(rc, timed_out,
                        "the eviction of slot " + std::to_string(unmap.slot) + " on device " +
                            std::to_string(d.ordinal)) +
           stuck_part(driver, unmap));
@@ -1932,7 +2136,7 @@ void Residency::run_unmapper(Device& d) {
       Entry* e = by_id_locked(unmap.slot);
       if (e != nullptr && !e->forgotten) {
         e->unmapping = true;
-        e->busy = true;
+        ++e->busy;
         slot = e->slot;
         slot_va = slot->va;
       }
@@ -1973,7 +2177,7 @@ void Residency::run_unmapper(Device& d) {
       std::lock_guard<std::mutex> lock(mutex_);
       Entry* e = by_id_locked(unmap.slot);
       if (e != nullptr) {
-        e->busy = false;
+        --e->busy;
         e->unmapping = false;
         ++e->evictions_done;
         if (unmapped == CUDA_SUCCESS) {
@@ -2019,7 +2223,7 @@ uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, 
 Budget budget(int device) { return the().budget(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
-void captures_open(int open) { the().captures_.store(open, std::memory_order_release); }
+void capture_count(int change) { the().captures_.fetch_add(change, std::memory_order_acq_rel); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
   return the().back_for_capture(slots, message);
 }

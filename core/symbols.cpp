@@ -10,8 +10,9 @@ using DlsymFn = void* (*)(void*, const char*);
 
 // Everything on the path from vaswap's dlsym to glibc's is uninstrumented and uses no library
 // code: AddressSanitizer's runtime resolves its interceptors with dlsym(RTLD_NEXT, ...) before its
-// shadow memory exists, and in a process where libvaswap.so is loaded those lookups come here.
-#define VASWAP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+// shadow memory exists (ThreadSanitizer's before its thread state does), and in a process where
+// libvaswap.so is loaded those lookups come here.
+#define VASWAP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined", "thread")))
 
 // True when `address` lies in the object this code was linked into (libvaswap.so, or a test).
 VASWAP_UNINSTRUMENTED bool in_this_object(void* address) {

@@ -39,9 +39,11 @@ bool route_cuda_name(void* handle, const char* name, void** out) {
 // Returns 1 when it has answered the lookup (in *out); 0 when glibc's dlsym must answer it, with
 // that function's address in *out. Hidden: only the stub below calls it. Uninstrumented up to the
 // name test: AddressSanitizer's runtime looks up its interceptors through here before its shadow
-// memory exists (those names never start with "cu").
-extern "C" __attribute__((visibility("hidden"), used, no_sanitize("address", "undefined"))) int
-vaswap_dlsym_route(void* handle, const char* name, void** out) {
+// memory exists, ThreadSanitizer's before its thread state does (those names never start with
+// "cu").
+extern "C"
+    __attribute__((visibility("hidden"), used, no_sanitize("address", "undefined", "thread"))) int
+    vaswap_dlsym_route(void* handle, const char* name, void** out) {
   if (name != nullptr && name[0] == 'c' && name[1] == 'u' && route_cuda_name(handle, name, out)) {
     return 1;
   }

@@ -211,8 +211,11 @@ struct Allocate<R (*)(P*, size_t)> {
     }
     R rc = real(ptr, bytes);
     // The program's own allocation ran out of memory: slots not in use give their pages back
-    // first, and the allocation is tried again before the error reaches the program.
-    if (rc == to_status<R>(CUDA_ERROR_OUT_OF_MEMORY) && intercept::out_of_memory(call, bytes)) {
+    // first, and the allocation is tried again before the error reaches the program (a few
+    // times: other threads may take what was given back first).
+    for (int round = 0; round < 3 && rc == to_status<R>(CUDA_ERROR_OUT_OF_MEMORY) &&
+                        intercept::out_of_memory(call, bytes);
+         ++round) {
       rc = real(ptr, bytes);
     }
     if (rc == R{} && ptr != nullptr) {

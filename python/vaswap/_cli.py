@@ -57,8 +57,8 @@ def dependency(library, prefix):
 
 
 def sanitizer_runtime(library):
-    """A sanitizer build of libvaswap.so needs the ASan runtime preloaded before it."""
-    return dependency(library, "libasan.so")
+    """A sanitizer build of libvaswap.so needs its runtime (ASan's or TSan's) preloaded before it."""
+    return dependency(library, "libasan.so") or dependency(library, "libtsan.so")
 
 
 def preload_list(library, existing):

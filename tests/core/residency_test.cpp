@@ -189,7 +189,7 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
   fill(a, 71);  // a's use on stream_: its mark is open
   residency::capture_beginning(stream_);
   ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
-  residency::captures_open(1);
+  residency::capture_count(+1);
   CUstream other = nullptr;
   ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
   Slot* b = make_slot();
@@ -203,7 +203,7 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
   wait_mapped({a}, false);  // a left during the capture
   CUgraph graph = nullptr;
   ASSERT_CU(cuStreamEndCapture(stream_, &graph));
-  residency::captures_open(0);
+  residency::capture_count(-1);
   size_t nodes = 1;
   ASSERT_CU(cuGraphGetNodes(graph, nullptr, &nodes));
   EXPECT_EQ(nodes, 0u) << "vaswap recorded into the application's capture";

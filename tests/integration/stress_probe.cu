@@ -1,0 +1,143 @@
+// Several application threads at once: each allocates buffers, captures a graph over them (with
+// its own thread-local capture mode, as PyTorch does), launches it between eager kernels,
+// checks every element, and frees everything, round after round. Under vaswap on a small
+// device, the slots of one thread are evicted and restored while the others capture, launch and
+// free theirs (tests/integration/stress_test.sh).
+//
+// Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
+// round holds its expected value; otherwise names the thread, round, element and values and
+// exits 1. A CUDA call that fails names itself and exits 1.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "vaswap_sim/kernel.h"
+
+VSK_GLOBAL void fill_u32(uint32_t* out, uint32_t seed, uint32_t n) {
+  VSK_FOR(i, n) { out[i] = static_cast<uint32_t>(i) * 2654435761u ^ seed; }
+}
+VSK_REGISTER(fill_u32)
+
+VSK_GLOBAL void add_u32(uint32_t* y, const uint32_t* x, uint32_t value, uint32_t n) {
+  VSK_FOR(i, n) { y[i] = x[i] + value; }
+}
+VSK_REGISTER(add_u32)
+
+namespace {
+
+std::atomic<int> g_failed{0};
+std::mutex g_print;
+
+bool ok(cudaError_t rc, const char* call, int thread, int round) {
+  if (rc == cudaSuccess) return true;
+  std::lock_guard<std::mutex> lock(g_print);
+  std::fprintf(stderr, "stress_probe: thread %d round %d: %s failed: %s (%s)\n", thread, round,
+               call, cudaGetErrorName(rc), cudaGetErrorString(rc));
+  g_failed.store(1);
+  return false;
+}
+#define CHECK(call) \
+  if (!ok((call), #call, thread, round)) return
+
+constexpr uint32_t kElems = 1u << 18;  // 1 MiB of uint32
+constexpr int kLaunches = 6;
+
+void launch_add(uint32_t* y, const uint32_t* x, uint32_t value, cudaStream_t s, cudaError_t* rc) {
+  uint32_t n = kElems;
+  void* args[] = {&y, &x, &value, &n};
+  *rc = cudaLaunchKernel(reinterpret_cast<const void*>(add_u32), dim3(256), dim3(256), args, 0, s);
+}
+
+// One thread's rounds. a -> (graph: b = a + 1; c = b + 2) -> (eager: a = c), kLaunches times:
+// c ends as the seed's fill plus 3 * kLaunches.
+void work(int thread, int rounds, uint64_t* checksum) {
+  int round = 0;
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<uint32_t> host(kElems);
+  for (round = 0; round < rounds && g_failed.load() == 0; ++round) {
+    void* buffers[3] = {};
+    for (void*& p : buffers) CHECK(cudaMalloc(&p, kElems * sizeof(uint32_t)));
+    auto* a = static_cast<uint32_t*>(buffers[0]);
+    auto* b = static_cast<uint32_t*>(buffers[1]);
+    auto* c = static_cast<uint32_t*>(buffers[2]);
+    const uint32_t seed = static_cast<uint32_t>(thread * 7919 + round * 104729);
+    {
+      uint32_t n = kElems;
+      uint32_t seed_arg = seed;
+      void* args[] = {&a, &seed_arg, &n};
+      CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(fill_u32), dim3(256), dim3(256), args, 0,
+                             s));
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaError_t rc1 = cudaSuccess, rc2 = cudaSuccess;
+    launch_add(b, a, 1, s, &rc1);
+    launch_add(c, b, 2, s, &rc2);
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(rc1);
+    CHECK(rc2);
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int k = 0; k < kLaunches; ++k) {
+      CHECK(cudaGraphLaunch(exec, s));
+      cudaError_t rc = cudaSuccess;
+      launch_add(a, c, 0, s, &rc);
+      CHECK(rc);
+      if (k % 2 == 1) std::this_thread::yield();
+    }
+    CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (uint32_t i = 0; i < kElems; ++i) {
+      const uint32_t want = (i * 2654435761u ^ seed) + 3u * kLaunches;
+      if (host[i] != want) {
+        std::lock_guard<std::mutex> lock(g_print);
+        std::fprintf(stderr,
+                     "stress_probe: thread %d round %d: element %u is 0x%08x, expected 0x%08x\n",
+                     thread, round, i, host[i], want);
+        g_failed.store(1);
+        return;
+      }
+      *checksum = *checksum * 1099511628211ull ^ host[i];
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    for (void* p : buffers) CHECK(cudaFree(p));
+  }
+  CHECK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 4, rounds = 8;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--threads") == 0) {
+      threads = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--rounds") == 0) {
+      rounds = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N]\n");
+      return 2;
+    }
+  }
+  std::vector<uint64_t> sums(static_cast<size_t>(threads), 1469598103934665603ull);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(work, t, rounds, &sums[static_cast<size_t>(t)]);
+  }
+  for (auto& t : pool) t.join();
+  if (g_failed.load() != 0) return 1;
+  uint64_t total = 0;
+  for (uint64_t s : sums) total = total * 31 + s;
+  std::printf("stress: threads %d rounds %d checksum 0x%016" PRIx64 "\n", threads, rounds, total);
+  return 0;
+}

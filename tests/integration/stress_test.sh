@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Stress (issue 15): four application threads, each allocating three 1 MiB buffers, capturing a
+# graph over them (thread-local capture mode), launching it between eager kernels, checking every
+# element and freeing everything, eight rounds each (tests/integration/stress_probe.cu). Under
+# vaswap every buffer is a slot (selection.captured_only=false):
+#   1. nothing evicted (no budget set, a roomy device): the checksum of the run without vaswap;
+#   2. residency.budget=12MiB, room for two threads' launches at once: slots of one thread are
+#      evicted and restored while the others capture, launch and free; same checksum, and
+#      evictions happened. Launches wait for room that other threads' launches hold (pinned, or
+#      used while a capture is open) instead of failing;
+#   3. the same, three times as many rounds.
+# The TSan build (scripts/test.sh tsan) runs this same script.
+# Usage: stress_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+source "$src/tests/integration/preload_common.sh"
+probe=$build/bin/stress_probe
+conf="selection.captured_only=false,selection.min_bytes=1MiB,residency.wait_limit=30s"
+memory=1GiB
+
+want=$("$probe" --threads 4 --rounds 8 2>"$tmp/err") || fail "the probe failed without vaswap"
+[[ "$want" == stress:* ]] || fail "no checksum without vaswap: '$want'"
+echo "ok   without vaswap: $want"
+
+# under NAME BUDGET ROUNDS: the probe under vaswap; its checksum must be the one without it.
+under() {
+  local name=$1 budget=$2 rounds=$3 expect=$want got
+  if [[ $rounds != 8 ]]; then
+    expect=$("$probe" --threads 4 --rounds "$rounds" 2>"$tmp/err") || fail "$name: no baseline"
+  fi
+  got=$(VASWAP_SIM_DEVICE_MEMORY=$memory VASWAP_CONF="$conf,residency.budget=$budget" \
+    timeout 300 "$vaswap" run --library "$lib" --trace "$tmp/$name.jsonl" -- \
+    "$probe" --threads 4 --rounds "$rounds" 2>"$tmp/err") || fail "$name: the probe failed under vaswap"
+  [[ "$got" == "$expect" ]] || fail "$name: '$got', without vaswap '$expect'"
+  echo "ok   $name (residency.budget=$budget): $got"
+}
+
+# evictions NAME MIN: the exit summary counts at least MIN evictions and no errors.
+evictions() {
+  python3 - "$tmp/$1.jsonl" "$2" <<'PY' || fail "$1"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+s = next(e for e in ev if e["ev"] == "summary")
+assert s["errors"] == 0, s
+assert s["evictions"] >= int(sys.argv[2]), f"{s['evictions']} evictions, wanted at least {sys.argv[2]}"
+assert s["oom_launches"] == 0, s
+print(f"     {s['evictions']} evictions, {s['slots']} slots")
+PY
+}
+
+under roomy auto 8
+evictions roomy 0
+under tight 12MiB 8
+evictions tight 8
+under longer 12MiB 24
+evictions longer 24
