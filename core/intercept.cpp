@@ -702,6 +702,23 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
   }
 }
 
+namespace {
+
+// An executable's facts changed (an update, a node's new parameters): the planner learns again
+// if the executable is in its pattern, and the trace says what it uses now.
+void exec_facts_changed(const Call& call, CUgraphExec exec, const ExecFacts& facts) {
+  planner::exec_changed(exec);
+  if (trace::enabled()) {
+    record(trace::Event::graph_update, call)
+        .hex("exec", reinterpret_cast<uintptr_t>(exec))
+        .add("opaque", facts.opaque)
+        .add("slots", static_cast<uint64_t>(facts.slots.size()))
+        .emit();
+  }
+}
+
+}  // namespace
+
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph) {
   Tables& t = tables();
   ExecFacts facts;
@@ -720,14 +737,7 @@ void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> gra
     std::lock_guard<std::mutex> lock(t.mutex);
     t.execs[exec] = facts;
   }
-  planner::exec_changed(exec);
-  if (trace::enabled()) {
-    record(trace::Event::graph_update, call)
-        .hex("exec", reinterpret_cast<uintptr_t>(exec))
-        .add("opaque", facts.opaque)
-        .add("slots", static_cast<uint64_t>(facts.slots.size()))
-        .emit();
-  }
+  exec_facts_changed(call, exec, facts);
 }
 
 Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
@@ -872,13 +882,14 @@ Param driver_param_info(const void* function, size_t index, size_t* offset, size
   return failure == CUDA_ERROR_INVALID_VALUE ? Param::end : Param::unknown;
 }
 
-Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
-                    void** extra) {
+namespace {
+
+// The slots a kernel's arguments name: its parameters, laid out as the kernel says, or its packed
+// `extra` buffer. A kernel whose layout cannot be read names every slot (*opaque set).
+std::vector<Slot*> kernel_slots(const Call& call, const Kernel& kernel, void** params, void** extra,
+                                bool* opaque) {
   Tables& t = tables();
-  stream = stream_of(call, stream);
-  // Into a capture: a kernel node is fine with unmapped addresses (they are mapped before the
-  // graph runs); nothing runs now.
-  if (stream_capturing(stream) || !planner::wants_eager()) return Ticket{};
+  *opaque = false;
   std::vector<Slot*> slots;
   if (extra != nullptr) {
     const void* buffer = nullptr;
@@ -921,6 +932,7 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
       t.layouts[kernel.key] = layout;
     }
     if (layout.size() == 1 && layout[0].first == SIZE_MAX) {
+      *opaque = true;
       slots = every_slot(t.registry);
     } else {
       for (size_t i = 0; i < layout.size(); ++i) {
@@ -928,7 +940,48 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
       }
     }
   }
+  return slots;
+}
+
+}  // namespace
+
+Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
+                    void** extra) {
+  stream = stream_of(call, stream);
+  // Into a capture: a kernel node is fine with unmapped addresses (they are mapped before the
+  // graph runs); nothing runs now.
+  if (stream_capturing(stream) || !planner::wants_eager()) return Ticket{};
+  bool opaque = false;
+  const std::vector<Slot*> slots = kernel_slots(call, kernel, params, extra, &opaque);
   return hand_to_planner(call, stream, slots, residency::Checked::when_run);
+}
+
+void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
+                         void** extra) {
+  Tables& t = tables();
+  bool opaque = kernel.key == nullptr || (params == nullptr && extra == nullptr);
+  std::vector<Slot*> added;
+  if (!opaque) added = kernel_slots(call, kernel, params, extra, &opaque);
+  ExecFacts facts;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.execs.find(exec);
+    if (it == t.execs.end()) return;  // not one vaswap saw: its launches already use every slot
+    // The node's new arguments join what the executable uses. What the node named before stays
+    // counted (the executable alone cannot be asked): more residency than needed, never less.
+    for (Slot* slot : added) {
+      if (std::find(it->second.slots.begin(), it->second.slots.end(), slot) ==
+          it->second.slots.end()) {
+        it->second.slots.push_back(slot);
+      }
+    }
+    if (opaque) {
+      it->second.opaque = true;
+      it->second.why_opaque = "a kernel node was given arguments whose layout cannot be read";
+    }
+    facts = it->second;
+  }
+  exec_facts_changed(call, exec, facts);
 }
 
 Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {

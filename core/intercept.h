@@ -131,6 +131,11 @@ Param driver_param_info(const void* function, size_t index, size_t* offset, size
 // buffer are scanned for slot addresses, and those slots made resident.
 Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, void** params,
                     void** extra);
+// A kernel node of `exec` was given new arguments (cudaGraphExecKernelNodeSetParams and its
+// driver twins): the slots they name join the executable's; a layout that cannot be read makes
+// it use every slot.
+void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
+                         void** extra);
 // Before a copy or memset: the addresses it reads or writes (host addresses find nothing). The
 // slots it names are made resident, and this thread waits until their pages are mapped: the
 // driver refuses a copy into a reserved, unmapped address when it is enqueued (the stream still

@@ -413,6 +413,38 @@ struct ExecChange<R (*)(E, N, Rest...)> {
   }
 };
 
+// cudaGraphExecKernelNodeSetParams / cuGraphExecKernelNodeSetParams[_v2]: the node's new
+// arguments are scanned as an eager launch's are (runtime_param_info, below, for a runtime kernel).
+intercept::Param runtime_param_info(const void* host_function, size_t index, size_t* offset,
+                                    size_t* bytes);
+template <class Fn>
+struct ExecKernelChange;
+template <class R, class E, class N, class P>
+struct ExecKernelChange<R (*)(E, N, const P*)> {
+  R (*real)(E, N, const P*);
+  Call call;
+  R operator()(E exec, N node, const P* params) const {
+    if (!handle()) return real(exec, node, params);
+    Scope scope;
+    const R rc = real(exec, node, params);
+    if (rc != R{}) return rc;
+    if (params == nullptr) {
+      intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
+    } else if constexpr (std::is_same_v<P, cudaKernelNodeParams>) {
+      intercept::exec_kernel_changed(call, reinterpret_cast<CUgraphExec>(exec),
+                                     {params->func, &runtime_param_info}, params->kernelParams,
+                                     params->extra);
+    } else {
+      // CUDA_KERNEL_NODE_PARAMS (v1, v2): a CUfunction; a v2 node that names only a CUkernel has
+      // no layout here (null key: counted as using every slot).
+      intercept::exec_kernel_changed(call, reinterpret_cast<CUgraphExec>(exec),
+                                     {params->func, &intercept::driver_param_info},
+                                     params->kernelParams, params->extra);
+    }
+    return rc;
+  }
+};
+
 // =============================================================================================
 // Eager work
 // =============================================================================================

@@ -46,12 +46,11 @@ FAULTS = [
 ]
 
 MODES = {
-    # name: demo arguments. api-graph stops before step 10, where the demo changes its graph's node
-    # (cudaGraphExecKernelNodeSetParams): from then vaswap cannot see which slot the graph reads,
-    # counts it as reading every slot, and on this device refuses the launch for want of memory.
+    # name: demo arguments. api-graph runs past step 10 (cudaGraphExecKernelNodeSetParams) and
+    # step 20 (cudaGraphExecUpdate), where the demo changes what its API-built graph reads.
     "per-layer": ["--steps", "12"],
     "eager-guard": ["--steps", "12", "--peek-step", "6"],
-    "api-graph": ["--steps", "10", "--api-graph"],
+    "api-graph": ["--steps", "24", "--api-graph"],
 }
 DEVICE_MEMORY = "100MiB"  # the demo needs ~130 MiB: residency evicts and restores every step
 CONF = "selection.min_bytes=1MiB,residency.wait_limit=5s"

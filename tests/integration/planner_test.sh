@@ -129,8 +129,9 @@ print("    ", count("deviation"), "deviations")
 
 # 4b. A graph built through the graph API (not captured) reads the first layer's activation between
 #     forward and backward; at step 10 its node is re-pointed at the second layer's
-#     (cudaGraphExecKernelNodeSetParams: from then on it counts as using every slot), at step 20 it
-#     is updated from a graph reading the third layer's (cudaGraphExecUpdate: scanned again).
+#     (cudaGraphExecKernelNodeSetParams: the new arguments are scanned and join what the
+#     executable uses), at step 20 it is updated from a graph reading the third layer's
+#     (cudaGraphExecUpdate: scanned again, exactly).
 #     - Ten steps, under a budget that makes slots leave: the scan sees the activation it reads.
 plain_and_vaswap api_graph "$given" --steps 10 --api-graph
 check api_graph '
@@ -138,30 +139,23 @@ api = [e for e in ev if e["ev"] == "graph_scan" and e["capture"] == 0]
 assert len(api) == 1 and api[0]["slot_regions"] == 1 and not api[0]["opaque"], api
 assert count("plan_offload") > 0
 '
-#     - Past step 10 the opaque graph needs every slot at once, more than that budget: its launch
-#       is refused with the out-of-memory error and a message, never run on slots that are away.
-if VASWAP_CONF=$given run -- "$demo" --quiet --steps 15 --api-graph >/dev/null 2>"$tmp/err"; then
-  fail "api_graph: an opaque graph over the budget was launched"
-fi
-grep -q "cudaGraphLaunch of graph 0x[0-9a-f]* needs 64 MiB of slots on device 0 at once, more than the residency budget of 40 MiB" "$tmp/err" ||
-  fail "api_graph: no message for the refused launch"
-grep -q "cudaGraphLaunch(peek_exec, s) failed .*cudaErrorMemoryAllocation" "$tmp/err" ||
-  fail "api_graph: the program did not get cudaErrorMemoryAllocation"
-echo "ok   api_graph: an opaque graph over the budget gets out-of-memory and a message"
-#     - With room for every slot, the whole run: opaque launches make every slot resident.
-plain_and_vaswap api_graph_all "${given/residency.budget=40MiB/residency.budget=64MiB}" --steps 40 --api-graph
+#     - The whole run under the same budget: the changed node names the second activation (the
+#       first stays counted: the executable cannot be asked what it dropped), the update the
+#       third alone; no launch needs every slot, and the same checksum.
+plain_and_vaswap api_graph_all "$given" --steps 40 --api-graph
 check api_graph_all '
 api = [e for e in ev if e["ev"] == "graph_scan" and e["capture"] == 0]
 assert len(api) == 2 and all(e["slot_regions"] == 1 and not e["opaque"] for e in api), api
 updates = [e for e in ev if e["ev"] == "graph_update"]
-assert [u["opaque"] for u in updates] == [True, False], updates
+assert [(u["opaque"], u["slots"]) for u in updates] == [(False, 2), (False, 1)], updates
 assert updates[0]["call"] == "cudaGraphExecKernelNodeSetParams", updates[0]
 opaque = [e for e in ev if e["ev"] == "graph_launch" and e.get("opaque")]
-assert len(opaque) == 10 and all(e["slots"] == 32 for e in opaque), len(opaque)
+assert not opaque, len(opaque)
 learns = [e["why"] for e in ev if e["ev"] == "learn"]
 assert learns.count("a graph of the pattern was changed") == 2, learns
-plans = count("plan")
-print(f"     {len(opaque)} opaque launches (every slot resident), {plans} plans")
+assert count("plan_offload") > 0
+plans, offloads = count("plan"), count("plan_offload")
+print(f"     {plans} plans, {offloads} planned offloads")
 '
 
 # 5. The measured model.
