@@ -327,6 +327,8 @@ class Residency {
     return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0};
   }
   int64_t distance_locked(const Entry& e) const;
+  bool parked_locked(const StreamKey& key) const;
+  bool held_by_parked_stream_locked(const Entry& e) const;
   // `recorded_only`: only slots whose last uses are closed by a recorded mark already, so that
   // evicting them records nothing on any stream (one may be capturing).
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
@@ -399,7 +401,11 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
-  std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;   // under submit_
+  std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
+  // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
+  // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
+  mutable std::unordered_map<StreamKey, std::vector<std::pair<Flag, uint32_t>>, StreamKeyHash>
+      parked_;
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
   uint64_t tick_ = 0;
@@ -670,6 +676,29 @@ bool Residency::evictable_during_capture_locked(const Entry& e) const {
   return captures_.load(std::memory_order_acquire) == 0 || marks_closed(e);
 }
 
+// Device handshake: true while `key` is parked (or will be) on the device for a restore that has
+// not landed. A slot used there since cannot leave before that restore does; evicting it to make
+// room for a restore queued ahead of that one would wait forever.
+bool Residency::parked_locked(const StreamKey& key) const {
+  auto it = parked_.find(key);
+  if (it == parked_.end()) return false;
+  auto& waits = it->second;
+  waits.erase(std::remove_if(waits.begin(), waits.end(),
+                             [](const std::pair<Flag, uint32_t>& w) {
+                               const uint32_t now = __atomic_load_n(w.first.host, __ATOMIC_ACQUIRE);
+                               return static_cast<int32_t>(now - w.second) >= 0;
+                             }),
+              waits.end());
+  if (!waits.empty()) return true;
+  parked_.erase(it);
+  return false;
+}
+
+bool Residency::held_by_parked_stream_locked(const Entry& e) const {
+  return std::any_of(e.marks.begin(), e.marks.end(),
+                     [this](const Mark& m) { return parked_locked(m.stream); });
+}
+
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
                                               const std::vector<Entry*>& keep,
                                               bool recorded_only) const {
@@ -678,6 +707,7 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
     if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
     if (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) continue;
+    if (!parked_.empty() && held_by_parked_stream_locked(e)) continue;
     candidates.push_back(const_cast<Entry*>(&e));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
@@ -868,6 +898,11 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
     d.jobs_cv.notify_all();
   }
   if (waits && !a.flag_waits.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& parked = parked_[key_of(stream)];
+      parked.insert(parked.end(), a.flag_waits.begin(), a.flag_waits.end());
+    }
     std::vector<CUstreamBatchMemOpParams> ops(a.flag_waits.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       ops[i] = CUstreamBatchMemOpParams{};
@@ -1073,12 +1108,13 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                 const Entry& other = entry.second;
                 return other.device == ordinal && other.where == Where::resident &&
                        std::find(needed.begin(), needed.end(), &other) == needed.end() &&
-                       (other.pins > 0 || !evictable_during_capture_locked(other));
+                       (other.pins > 0 || !evictable_during_capture_locked(other) ||
+                        held_by_parked_stream_locked(other));
               });
         }
         if (!pinned_elsewhere && d.committed + new_pages - freed > budget.limit) {
           ++stats_.oom_launches;
-          uint64_t mine = 0, pinned = 0, open_marks = 0;
+          uint64_t mine = 0, pinned = 0, open_marks = 0, parked = 0;
           for (const auto& [slot, other] : entries_) {
             if (other.device != ordinal || other.where != Where::resident) continue;
             if (std::find(needed.begin(), needed.end(), &other) != needed.end()) {
@@ -1087,6 +1123,8 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
               pinned += other.pages;
             } else if (!evictable_during_capture_locked(other)) {
               open_marks += other.pages;
+            } else if (held_by_parked_stream_locked(other)) {
+              parked += other.pages;
             }
           }
           *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
@@ -1094,7 +1132,8 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                      ", but only " + byte_size(freed) + " can be evicted (" +
                      byte_size(d.committed) + " held: " + byte_size(mine) + " by this launch, " +
                      byte_size(pinned) + " pinned by other launches, " + byte_size(open_marks) +
-                     " in use while a capture is open; waited " +
+                     " in use while a capture is open, " + byte_size(parked) +
+                     " used behind a device wait for a restore; waited " +
                      std::to_string(trace::us_since(started) / 1000) + " ms, " +
                      std::to_string(captures_.load()) + " captures open); nothing was launched";
           return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1370,7 +1409,8 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
         *busy_slots = std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
           const Entry& e = entry.second;
           return e.device == ordinal && e.where == Where::resident &&
-                 (e.pins > 0 || !evictable_during_capture_locked(e));
+                 (e.pins > 0 || !evictable_during_capture_locked(e) ||
+                  held_by_parked_stream_locked(e));
         });
       }
     }

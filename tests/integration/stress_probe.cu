@@ -4,6 +4,9 @@
 // device, the slots of one thread are evicted and restored while the others capture, launch and
 // free theirs (tests/integration/stress_test.sh).
 //
+// --legacy: graphs and eager kernels run on the legacy default stream (0), shared by every thread,
+// as PyTorch replays its graphs on the current stream; captures stay on each thread's own stream.
+//
 // Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
 // round holds its expected value; otherwise names the thread, round, element and values and
 // exits 1. A CUDA call that fails names itself and exits 1.
@@ -34,6 +37,7 @@ VSK_REGISTER(add_u32)
 namespace {
 
 std::atomic<int> g_failed{0};
+bool g_legacy = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -60,8 +64,9 @@ void launch_add(uint32_t* y, const uint32_t* x, uint32_t value, cudaStream_t s, 
 // c ends as the seed's fill plus 3 * kLaunches.
 void work(int thread, int rounds, uint64_t* checksum) {
   int round = 0;
-  cudaStream_t s = nullptr;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t capture = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+  cudaStream_t s = g_legacy ? cudaStreamLegacy : capture;
   std::vector<uint32_t> host(kElems);
   for (round = 0; round < rounds && g_failed.load() == 0; ++round) {
     void* buffers[3] = {};
@@ -79,11 +84,12 @@ void work(int thread, int rounds, uint64_t* checksum) {
     }
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    if (g_legacy) CHECK(cudaStreamSynchronize(s));  // the fill, before the capture stream reads a
+    CHECK(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
     cudaError_t rc1 = cudaSuccess, rc2 = cudaSuccess;
-    launch_add(b, a, 1, s, &rc1);
-    launch_add(c, b, 2, s, &rc2);
-    CHECK(cudaStreamEndCapture(s, &graph));
+    launch_add(b, a, 1, capture, &rc1);
+    launch_add(c, b, 2, capture, &rc2);
+    CHECK(cudaStreamEndCapture(capture, &graph));
     CHECK(rc1);
     CHECK(rc2);
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -112,20 +118,26 @@ void work(int thread, int rounds, uint64_t* checksum) {
     CHECK(cudaGraphDestroy(graph));
     for (void* p : buffers) CHECK(cudaFree(p));
   }
-  CHECK(cudaStreamDestroy(s));
+  CHECK(cudaStreamDestroy(capture));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--threads") == 0) {
+  for (int i = 1; i < argc; i += 2) {
+    if (std::strcmp(argv[i], "--legacy") == 0) {
+      g_legacy = true;
+      --i;
+    } else if (i + 1 >= argc) {
+      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N] [--legacy]\n");
+      return 2;
+    } else if (std::strcmp(argv[i], "--threads") == 0) {
       threads = std::atoi(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--rounds") == 0) {
       rounds = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N]\n");
+      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N] [--legacy]\n");
       return 2;
     }
   }

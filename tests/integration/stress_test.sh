@@ -8,7 +8,11 @@
 #      evicted and restored while the others capture, launch and free; same checksum, and
 #      evictions happened. Launches wait for room that other threads' launches hold (pinned, or
 #      used while a capture is open) instead of failing;
-#   3. the same, three times as many rounds.
+#   3. the same, three times as many rounds;
+#   4. graphs and eager kernels on the legacy default stream, shared by every thread (as PyTorch
+#      replays graphs on the current stream), captures on each thread's own stream;
+#   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
+#      so a slot used behind such a wait is not evicted for a restore queued ahead of it.
 # The TSan build (scripts/test.sh tsan) runs this same script.
 # Usage: stress_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -23,15 +27,17 @@ want=$("$probe" --threads 4 --rounds 8 2>"$tmp/err") || fail "the probe failed w
 [[ "$want" == stress:* ]] || fail "no checksum without vaswap: '$want'"
 echo "ok   without vaswap: $want"
 
-# under NAME BUDGET ROUNDS: the probe under vaswap; its checksum must be the one without it.
+# under NAME BUDGET ROUNDS [PROBE-ARGS...]: the probe under vaswap; its checksum must be the one
+# without it.
 under() {
   local name=$1 budget=$2 rounds=$3 expect=$want got
-  if [[ $rounds != 8 ]]; then
-    expect=$("$probe" --threads 4 --rounds "$rounds" 2>"$tmp/err") || fail "$name: no baseline"
+  shift 3
+  if [[ $rounds != 8 || $# -gt 0 ]]; then
+    expect=$("$probe" --threads 4 --rounds "$rounds" "$@" 2>"$tmp/err") || fail "$name: no baseline"
   fi
-  got=$(VASWAP_SIM_DEVICE_MEMORY=$memory VASWAP_CONF="$conf,residency.budget=$budget" \
+  got=$(VASWAP_SIM_DEVICE_MEMORY=$memory VASWAP_CONF="$conf,residency.budget=$budget${extra_conf:-}" \
     timeout 300 "$vaswap" run --library "$lib" --trace "$tmp/$name.jsonl" -- \
-    "$probe" --threads 4 --rounds "$rounds" 2>"$tmp/err") || fail "$name: the probe failed under vaswap"
+    "$probe" --threads 4 --rounds "$rounds" "$@" 2>"$tmp/err") || fail "$name: the probe failed under vaswap"
   [[ "$got" == "$expect" ]] || fail "$name: '$got', without vaswap '$expect'"
   echo "ok   $name (residency.budget=$budget): $got"
 }
@@ -55,3 +61,7 @@ under tight 12MiB 8
 evictions tight 8
 under longer 12MiB 24
 evictions longer 24
+under legacy 12MiB 24 --legacy
+evictions legacy 24
+extra_conf=",residency.handshake=device" under device_handshake 12MiB 24
+evictions device_handshake 24
