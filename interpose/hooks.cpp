@@ -576,6 +576,18 @@ CUstream last_stream(Rest... rest) {
 inline uintptr_t address_of(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 inline uintptr_t address_of(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
 
+// Runs `real` after making the slots that `addresses` name resident for work on `stream`.
+template <class R, class Real>
+R accessed(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,
+           Real&& real) {
+  Scope scope;  // held through the real call: cudart's own copy is not handled again
+  const auto ticket = intercept::eager_access(call, stream, addresses, count);
+  if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+  const R rc = real();
+  intercept::eager_done(ticket);
+  return rc;
+}
+
 // Copies: (dst, src, bytes, [kind], [stream]). Host addresses are looked up too and find nothing.
 template <class Fn>
 struct Copy;
@@ -584,14 +596,10 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
   R (*real)(D, S, size_t, Rest...);
   Call call;
   R operator()(D dst, S src, size_t bytes, Rest... rest) const {
-    if (!handle() || !intercept::access_wanted()) return real(dst, src, bytes, rest...);
-    Scope scope;  // held through the real call: cudart's own copy is not handled again
+    const auto forward = [&] { return real(dst, src, bytes, rest...); };
+    if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
-    const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 2);
-    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    const R rc = real(dst, src, bytes, rest...);
-    intercept::eager_done(ticket);
-    return rc;
+    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
   }
 };
 
@@ -603,14 +611,86 @@ struct Set<R (*)(D, V, size_t, Rest...)> {
   R (*real)(D, V, size_t, Rest...);
   Call call;
   R operator()(D dst, V value, size_t count, Rest... rest) const {
-    if (!handle() || !intercept::access_wanted()) return real(dst, value, count, rest...);
-    Scope scope;
+    const auto forward = [&] { return real(dst, value, count, rest...); };
+    if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst)};
-    const auto ticket = intercept::eager_access(call, last_stream(rest...), addresses, 1);
-    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    const R rc = real(dst, value, count, rest...);
-    intercept::eager_done(ticket);
-    return rc;
+    return accessed<R>(call, last_stream(rest...), addresses, 1, forward);
+  }
+};
+
+// cudaMemcpy2D[Async]: (dst, dpitch, src, spitch, width, height, kind, [stream]).
+template <class Fn>
+struct Copy2D;
+template <class R, class... Rest>
+struct Copy2D<R (*)(void*, size_t, const void*, size_t, size_t, size_t, Rest...)> {
+  R (*real)(void*, size_t, const void*, size_t, size_t, size_t, Rest...);
+  Call call;
+  R operator()(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+               size_t height, Rest... rest) const {
+    const auto forward = [&] { return real(dst, dpitch, src, spitch, width, height, rest...); };
+    if (!handle() || !intercept::access_wanted()) return forward();
+    const uintptr_t addresses[] = {address_of(dst), address_of(src)};
+    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+  }
+};
+
+// 2D memsets: (dst, pitch, value, width, height, [stream]).
+template <class Fn>
+struct Set2D;
+template <class R, class D, class V, class... Rest>
+struct Set2D<R (*)(D, size_t, V, size_t, size_t, Rest...)> {
+  R (*real)(D, size_t, V, size_t, size_t, Rest...);
+  Call call;
+  R operator()(D dst, size_t pitch, V value, size_t width, size_t height, Rest... rest) const {
+    const auto forward = [&] { return real(dst, pitch, value, width, height, rest...); };
+    if (!handle() || !intercept::access_wanted()) return forward();
+    const uintptr_t addresses[] = {address_of(dst)};
+    return accessed<R>(call, last_stream(rest...), addresses, 1, forward);
+  }
+};
+
+// The device addresses of a 2D or 3D copy's parameters (host ones find nothing; arrays have none).
+inline void copy_addresses(const CUDA_MEMCPY2D& p, uintptr_t out[2]) {
+  out[0] = p.dstMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.dstHost) : address_of(p.dstDevice);
+  out[1] = p.srcMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.srcHost) : address_of(p.srcDevice);
+}
+inline void copy_addresses(const CUDA_MEMCPY3D& p, uintptr_t out[2]) {
+  out[0] = p.dstMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.dstHost) : address_of(p.dstDevice);
+  out[1] = p.srcMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.srcHost) : address_of(p.srcDevice);
+}
+inline void copy_addresses(const cudaMemcpy3DParms& p, uintptr_t out[2]) {
+  out[0] = address_of(p.dstPtr.ptr);
+  out[1] = address_of(p.srcPtr.ptr);
+}
+
+// cuMemcpy2D*/cuMemcpy3D*/cudaMemcpy3D*: (params, [stream]).
+template <class Fn>
+struct CopyParams;
+template <class R, class P, class... Rest>
+struct CopyParams<R (*)(const P*, Rest...)> {
+  R (*real)(const P*, Rest...);
+  Call call;
+  R operator()(const P* params, Rest... rest) const {
+    const auto forward = [&] { return real(params, rest...); };
+    if (!handle() || !intercept::access_wanted() || params == nullptr) return forward();
+    uintptr_t addresses[2] = {};
+    copy_addresses(*params, addresses);
+    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+  }
+};
+
+// Peer copies: (dst, dst device or context, src, src device or context, bytes, [stream]).
+template <class Fn>
+struct CopyPeer;
+template <class R, class D, class DC, class S, class SC, class... Rest>
+struct CopyPeer<R (*)(D, DC, S, SC, size_t, Rest...)> {
+  R (*real)(D, DC, S, SC, size_t, Rest...);
+  Call call;
+  R operator()(D dst, DC dst_where, S src, SC src_where, size_t bytes, Rest... rest) const {
+    const auto forward = [&] { return real(dst, dst_where, src, src_where, bytes, rest...); };
+    if (!handle() || !intercept::access_wanted()) return forward();
+    const uintptr_t addresses[] = {address_of(dst), address_of(src)};
+    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
   }
 };
 

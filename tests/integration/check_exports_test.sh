@@ -6,9 +6,11 @@
 set -euo pipefail
 lib=$1/lib/libvaswap.so
 src=$2
-hooked=$(sed -nE 's/^VASWAP_RUNTIME_HOOK\([A-Za-z]+, ([A-Za-z0-9_]+),.*/\1/p; s/^VASWAP_DRIVER_HOOK\([A-Za-z]+, [A-Za-z0-9_]+, ([A-Za-z0-9_]+),.*/\1/p' \
+hooked=$(sed -nE 's/^VASWAP_RUNTIME_HOOK\([A-Za-z0-9]+, ([A-Za-z0-9_]+),.*/\1/p; s/^VASWAP_DRIVER_HOOK\([A-Za-z0-9]+, [A-Za-z0-9_]+, ([A-Za-z0-9_]+),.*/\1/p' \
   "$src/interpose/hooks.def" | sort)
-[[ $(echo "$hooked" | wc -l) -ge 50 ]] || { echo "could not read the hook table"; exit 1; }
+# Every entry of the table is read (a kind or name this pattern missed was once left out).
+entries=$(grep -cE '^VASWAP_(RUNTIME|DRIVER)_HOOK\(' "$src/interpose/hooks.def")
+[[ $(echo "$hooked" | wc -l) -eq $entries ]] || { echo "read $(echo "$hooked" | wc -l) of the hook table's $entries entries"; exit 1; }
 exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | sort)
 
 bad=$(comm -23 <(echo "$exported") <(printf '%s\n' $hooked dlsym | sort) | grep -Ev '^vaswap_[a-z0-9_]+$' || true)

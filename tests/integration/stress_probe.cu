@@ -6,6 +6,8 @@
 //
 // --legacy: graphs and eager kernels run on the legacy default stream (0), shared by every thread,
 // as PyTorch replays its graphs on the current stream; captures stay on each thread's own stream.
+// --copy2d: the result is read back with cudaMemcpy2DAsync (rows of 4 KiB), after a
+// cudaMemset2DAsync clears it, instead of with cudaMemcpyAsync.
 //
 // Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
 // round holds its expected value; otherwise names the thread, round, element and values and
@@ -38,6 +40,7 @@ namespace {
 
 std::atomic<int> g_failed{0};
 bool g_legacy = false;
+bool g_copy2d = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -100,7 +103,13 @@ void work(int thread, int rounds, uint64_t* checksum) {
       CHECK(rc);
       if (k % 2 == 1) std::this_thread::yield();
     }
-    CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    if (g_copy2d) {
+      constexpr size_t kRow = 4096, kRows = kElems * sizeof(uint32_t) / kRow;
+      CHECK(cudaMemcpy2DAsync(host.data(), kRow, c, kRow, kRow, kRows, cudaMemcpyDeviceToHost, s));
+      CHECK(cudaMemset2DAsync(b, kRow, 0, kRow, kRows, s));  // b is read no more this round
+    } else {
+      CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    }
     CHECK(cudaStreamSynchronize(s));
     for (uint32_t i = 0; i < kElems; ++i) {
       const uint32_t want = (i * 2654435761u ^ seed) + 3u * kLaunches;
@@ -126,18 +135,20 @@ void work(int thread, int rounds, uint64_t* checksum) {
 int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   for (int i = 1; i < argc; i += 2) {
-    if (std::strcmp(argv[i], "--legacy") == 0) {
-      g_legacy = true;
+    if (std::strcmp(argv[i], "--legacy") == 0 || std::strcmp(argv[i], "--copy2d") == 0) {
+      (argv[i][2] == 'l' ? g_legacy : g_copy2d) = true;
       --i;
     } else if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N] [--legacy]\n");
+      std::fprintf(stderr,
+                   "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d]\n");
       return 2;
     } else if (std::strcmp(argv[i], "--threads") == 0) {
       threads = std::atoi(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--rounds") == 0) {
       rounds = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr, "usage: stress_probe [--threads N] [--rounds N] [--legacy]\n");
+      std::fprintf(stderr,
+                   "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d]\n");
       return 2;
     }
   }

@@ -12,7 +12,9 @@
 #   4. graphs and eager kernels on the legacy default stream, shared by every thread (as PyTorch
 #      replays graphs on the current stream), captures on each thread's own stream;
 #   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
-#      so a slot used behind such a wait is not evicted for a restore queued ahead of it.
+#      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
+#   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
+#      are away are restored first (the driver refuses a copy or memset into unmapped pages).
 # The TSan build (scripts/test.sh tsan) runs this same script.
 # Usage: stress_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -65,3 +67,14 @@ under legacy 12MiB 24 --legacy
 evictions legacy 24
 extra_conf=",residency.handshake=device" under device_handshake 12MiB 24
 evictions device_handshake 24
+under copy2d 12MiB 8 --copy2d
+evictions copy2d 8
+python3 - "$tmp/copy2d.jsonl" <<'PY' || fail "copy2d"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+seen = {e["call"] for e in ev if e["ev"] == "eager"}
+assert {"cudaMemcpy2DAsync", "cudaMemset2DAsync"} <= seen, seen
+waited = [e for e in ev if e["ev"] == "restore_wait" and e["call"] in ("cudaMemcpy2DAsync", "cudaMemset2DAsync")]
+assert waited, "no 2D copy or memset found a slot away"
+print(f"     {len(waited)} 2D copies and memsets waited for their slots")
+PY

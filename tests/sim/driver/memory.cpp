@@ -655,17 +655,163 @@ CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
   return copy_sync(SIM_DPTR(dst), SIM_DPTR(src), bytes, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
 }
 
+// 2D and 3D copies: one CUDA_MEMCPY3D each (a 2D copy is one slice); the device side of each is
+// checked over its whole extent, from its first byte to its last row's end.
+static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
+  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // no arrays on the simulated device
+  }
+  // Unified: the pointer is in the *Device field, and is host or device memory.
+  if (c.srcMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    c.srcMemoryType = memory_type(c.srcDevice) == CU_MEMORYTYPE_DEVICE ? CU_MEMORYTYPE_DEVICE
+                                                                       : CU_MEMORYTYPE_HOST;
+    if (c.srcMemoryType == CU_MEMORYTYPE_HOST) c.srcHost = reinterpret_cast<void*>(c.srcDevice);
+  }
+  if (c.dstMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    c.dstMemoryType = memory_type(c.dstDevice) == CU_MEMORYTYPE_DEVICE ? CU_MEMORYTYPE_DEVICE
+                                                                       : CU_MEMORYTYPE_HOST;
+    if (c.dstMemoryType == CU_MEMORYTYPE_HOST) c.dstHost = reinterpret_cast<void*>(c.dstDevice);
+  }
+  const size_t height = c.Height ? c.Height : 1;
+  const size_t depth = c.Depth ? c.Depth : 1;
+  const auto check = [&](CUdeviceptr base, size_t x, size_t y, size_t z, size_t pitch,
+                         size_t rows) {
+    pitch = pitch ? pitch : c.WidthInBytes;
+    rows = rows ? rows : height;
+    const size_t start = x + y * pitch + z * rows * pitch;
+    const size_t bytes = (depth - 1) * rows * pitch + (height - 1) * pitch + c.WidthInBytes;
+    return check_span(base + start, bytes);
+  };
+  if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight));
+  }
+  if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight));
+  }
+  auto node = std::make_unique<Node>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  node->copy = c;
+  return submit(hs, std::move(node));
+}
+
+static CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {
+  CUDA_MEMCPY3D c{};
+  c.srcXInBytes = p.srcXInBytes;
+  c.srcY = p.srcY;
+  c.srcMemoryType = p.srcMemoryType;
+  c.srcHost = p.srcHost;
+  c.srcDevice = p.srcDevice;
+  c.srcArray = p.srcArray;
+  c.srcPitch = p.srcPitch;
+  c.dstXInBytes = p.dstXInBytes;
+  c.dstY = p.dstY;
+  c.dstMemoryType = p.dstMemoryType;
+  c.dstHost = p.dstHost;
+  c.dstDevice = p.dstDevice;
+  c.dstArray = p.dstArray;
+  c.dstPitch = p.dstPitch;
+  c.WidthInBytes = p.WidthInBytes;
+  c.Height = p.Height;
+  c.Depth = 1;
+  return c;
+}
+
+CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream hs) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return copy3d_async(*p, hs);
+}
+CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(*p, nullptr));
+  return sync_or_query(nullptr, true);
+}
+CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream hs) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return copy3d_async(from_2d(*p), hs);
+}
+CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(from_2d(*p), nullptr));
+  return sync_or_query(nullptr, true);
+}
+// Peer copies: every device is host memory here, so a peer copy is a device-to-device copy.
+CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext,
+                                   size_t bytes, CUstream hs) {
+  SIM_ENTER();
+  return copy_async(SIM_DPTR(dst), SIM_DPTR(src), bytes, hs, CU_MEMORYTYPE_DEVICE,
+                    CU_MEMORYTYPE_DEVICE);
+}
+CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext,
+                              size_t bytes) {
+  SIM_ENTER();
+  return copy_sync(SIM_DPTR(dst), SIM_DPTR(src), bytes, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
+}
+
+// Memsets: `count` elements per row, `height` rows `pitch` bytes apart (0: one row).
 static CUresult memset_async(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
-                             CUstream hs) {
-  SIM_TRY(check_span(dst, count * element));
+                             CUstream hs, size_t pitch = 0, size_t height = 1) {
+  SIM_TRY(check_span(dst, (height - 1) * pitch + count * element));
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMSET;
   node->memset.dst = dst;
   node->memset.value = value;
   node->memset.elementSize = element;
   node->memset.width = count;
-  node->memset.height = 1;
+  node->memset.height = height;
+  node->memset.pitch = pitch;
   return submit(hs, std::move(node));
+}
+
+static CUresult memset_sync(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
+                            size_t pitch = 0, size_t height = 1) {
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(memset_async(dst, value, element, count, nullptr, pitch, height));
+  return sync_or_query(nullptr, true);
+}
+
+CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 2, n, hs);
+}
+CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
+  SIM_ENTER();
+  return memset_sync(dst, v, 2, n);
+}
+CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w,
+                                   size_t h, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 1, w, hs, pitch, h);
+}
+CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
+                                    size_t h, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 2, w, hs, pitch, h);
+}
+CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w,
+                                    size_t h, CUstream hs) {
+  SIM_ENTER();
+  return memset_async(dst, v, 4, w, hs, pitch, h);
+}
+CUresult CUDAAPI cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w,
+                                 size_t h) {
+  SIM_ENTER();
+  return memset_sync(dst, v, 1, w, pitch, h);
+}
+CUresult CUDAAPI cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
+                                  size_t h) {
+  SIM_ENTER();
+  return memset_sync(dst, v, 2, w, pitch, h);
+}
+CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w,
+                                  size_t h) {
+  SIM_ENTER();
+  return memset_sync(dst, v, 4, w, pitch, h);
 }
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream hs) {
@@ -678,13 +824,9 @@ CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUs
 }
 CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
   SIM_ENTER();
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(memset_async(dst, v, 1, n, nullptr));
-  return sync_or_query(nullptr, true);
+  return memset_sync(dst, v, 1, n);
 }
 CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
   SIM_ENTER();
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(memset_async(dst, v, 4, n, nullptr));
-  return sync_or_query(nullptr, true);
+  return memset_sync(dst, v, 4, n);
 }

@@ -43,6 +43,37 @@ SIM_PER_THREAD(cuMemsetD8Async_ptsz, cuMemsetD8Async,
                (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))
 SIM_PER_THREAD(cuMemsetD32Async_ptsz, cuMemsetD32Async,
                (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))
+SIM_PER_THREAD(cuMemcpy2D_v2_ptds, cuMemcpy2D_v2, (const CUDA_MEMCPY2D* p), (p))
+SIM_PER_THREAD(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D* p, CUstream h),
+               (p, h))
+SIM_PER_THREAD(cuMemcpy3D_v2_ptds, cuMemcpy3D_v2, (const CUDA_MEMCPY3D* p), (p))
+SIM_PER_THREAD(cuMemcpy3DAsync_v2_ptsz, cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D* p, CUstream h),
+               (p, h))
+SIM_PER_THREAD(cuMemcpyPeer_ptds, cuMemcpyPeer,
+               (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n),
+               (d, dc, s, sc, n))
+SIM_PER_THREAD(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync,
+               (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h),
+               (d, dc, s, sc, n, h))
+SIM_PER_THREAD(cuMemsetD16_v2_ptds, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n),
+               (d, v, n))
+SIM_PER_THREAD(cuMemsetD16Async_ptsz, cuMemsetD16Async,
+               (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))
+SIM_PER_THREAD(cuMemsetD2D8_v2_ptds, cuMemsetD2D8_v2,
+               (CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h), (d, p, v, w, h))
+SIM_PER_THREAD(cuMemsetD2D16_v2_ptds, cuMemsetD2D16_v2,
+               (CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h), (d, p, v, w, h))
+SIM_PER_THREAD(cuMemsetD2D32_v2_ptds, cuMemsetD2D32_v2,
+               (CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h), (d, p, v, w, h))
+SIM_PER_THREAD(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async,
+               (CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s),
+               (d, p, v, w, h, s))
+SIM_PER_THREAD(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async,
+               (CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s),
+               (d, p, v, w, h, s))
+SIM_PER_THREAD(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async,
+               (CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream s),
+               (d, p, v, w, h, s))
 SIM_PER_THREAD(cuMemAllocAsync_ptsz, cuMemAllocAsync, (CUdeviceptr * d, size_t n, CUstream h),
                (d, n, h))
 SIM_PER_THREAD(cuMemFreeAsync_ptsz, cuMemFreeAsync, (CUdeviceptr d, CUstream h), (d, h))
@@ -177,6 +208,20 @@ const Entry kEntries[] = {
     EP("cuMemsetD32", 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds),
     EP("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),
     EP("cuMemsetD32Async", 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz),
+    EP("cuMemcpy2D", 3020, cuMemcpy2D_v2, cuMemcpy2D_v2_ptds),
+    EP("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz),
+    EP("cuMemcpy3D", 3020, cuMemcpy3D_v2, cuMemcpy3D_v2_ptds),
+    EP("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz),
+    EP("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds),
+    EP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz),
+    EP("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds),
+    EP("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz),
+    EP("cuMemsetD2D8", 3020, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds),
+    EP("cuMemsetD2D16", 3020, cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds),
+    EP("cuMemsetD2D32", 3020, cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds),
+    EP("cuMemsetD2D8Async", 3020, cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz),
+    EP("cuMemsetD2D16Async", 3020, cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz),
+    EP("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz),
     E("cuStreamCreate", 2000, cuStreamCreate),
     E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),

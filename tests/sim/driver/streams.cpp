@@ -5,6 +5,7 @@
 // name tickets issued earlier, so waiting threads can never form a cycle.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "state.h"
 
@@ -40,6 +41,14 @@ void mark_dispatched(Device& device, uint64_t sequence) {
   device.queue_cv.notify_all();
 }
 
+int jitter_us() {
+  static const int value = [] {
+    const char* v = std::getenv("VASWAP_SIM_JITTER_US");
+    return v != nullptr ? std::max(0, std::atoi(v)) : 0;
+  }();
+  return value;
+}
+
 void worker_loop(Stream* s) {
   Device& device = devices()[static_cast<size_t>(s->device)];
   tls_worker_device = s->device;
@@ -53,6 +62,12 @@ void worker_loop(Stream* s) {
     // After a device fault nothing more runs on the device (host functions included); operations
     // still retire, so waits end and the calls that check return the fault.
     if (device.sticky.load() != 0) op.run = [] {};
+    if (const int jitter = jitter_us()) {
+      // VASWAP_SIM_JITTER_US: each operation starts up to that many microseconds late, at random:
+      // orders that timing alone keeps from happening happen (a test's race finder).
+      thread_local unsigned seed = static_cast<unsigned>(s->id * 2654435761u);
+      std::this_thread::sleep_for(std::chrono::microseconds(rand_r(&seed) % jitter));
+    }
     if (op.queue_sequence != 0) {
       // One hardware queue: wait until every earlier operation of the device was dispatched.
       {

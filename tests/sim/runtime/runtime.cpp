@@ -74,7 +74,9 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)                    \
   X(cuGraphKernelNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphInstantiateWithFlags)  \
   X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)        \
-  X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)
+  X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)               \
+  X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
+  X(cuMemcpyPeerAsync) X(cuCtxGetCurrent)
 // clang-format on
 
 struct Driver {
@@ -478,6 +480,72 @@ SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cu
   return note(copy(dst, src, bytes, kind, s, true));
 }
 
+// 2D copies: rows of `width` bytes, `height` of them, each side's rows its pitch apart.
+static CUresult copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                        size_t height, cudaMemcpyKind kind, cudaStream_t s, bool async) {
+  CUDA_MEMCPY2D c{};
+  const bool src_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
+  const bool dst_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+  c.srcMemoryType = kind == cudaMemcpyDefault ? CU_MEMORYTYPE_UNIFIED
+                    : src_host                ? CU_MEMORYTYPE_HOST
+                                              : CU_MEMORYTYPE_DEVICE;
+  c.dstMemoryType = kind == cudaMemcpyDefault ? CU_MEMORYTYPE_UNIFIED
+                    : dst_host                ? CU_MEMORYTYPE_HOST
+                                              : CU_MEMORYTYPE_DEVICE;
+  c.srcHost = src;
+  c.srcDevice = dptr(src);
+  c.dstHost = dst;
+  c.dstDevice = dptr(dst);
+  c.srcPitch = spitch;
+  c.dstPitch = dpitch;
+  c.WidthInBytes = width;
+  c.Height = height;
+  return async ? drv().cuMemcpy2DAsync(&c, cu(s)) : drv().cuMemcpy2D(&c);
+}
+
+SIM_API cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                 size_t width, size_t height, cudaMemcpyKind kind) {
+  RT_ENTER();
+  if (kind > cudaMemcpyDefault) return note(cudaErrorInvalidMemcpyDirection);
+  return note(copy_2d(dst, dpitch, src, spitch, width, height, kind, nullptr, false));
+}
+
+SIM_API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                      size_t width, size_t height, cudaMemcpyKind kind,
+                                      cudaStream_t s) {
+  RT_ENTER();
+  if (kind > cudaMemcpyDefault) return note(cudaErrorInvalidMemcpyDirection);
+  return note(copy_2d(dst, dpitch, src, spitch, width, height, kind, s, true));
+}
+
+SIM_API cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t width, size_t height) {
+  RT_ENTER();
+  return note(
+      drv().cuMemsetD2D8(dptr(ptr), pitch, static_cast<unsigned char>(value), width, height));
+}
+
+SIM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width,
+                                      size_t height, cudaStream_t s) {
+  RT_ENTER();
+  return note(drv().cuMemsetD2D8Async(dptr(ptr), pitch, static_cast<unsigned char>(value), width,
+                                      height, cu(s)));
+}
+
+SIM_API cudaError_t cudaMemcpyPeer(void* dst, int, const void* src, int, size_t bytes) {
+  RT_ENTER();
+  CUcontext context = nullptr;
+  drv().cuCtxGetCurrent(&context);
+  return note(drv().cuMemcpyPeer(dptr(dst), context, dptr(src), context, bytes));
+}
+
+SIM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, size_t bytes,
+                                        cudaStream_t s) {
+  RT_ENTER();
+  CUcontext context = nullptr;
+  drv().cuCtxGetCurrent(&context);
+  return note(drv().cuMemcpyPeerAsync(dptr(dst), context, dptr(src), context, bytes, cu(s)));
+}
+
 SIM_API cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
   RT_ENTER();
   return note(drv().cuMemsetD8(dptr(ptr), static_cast<unsigned char>(value), bytes));
@@ -776,6 +844,23 @@ SIM_API cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaM
 }
 SIM_API cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t st) {
   return cudaMemsetAsync(p, v, n, per_thread(st));
+}
+SIM_API cudaError_t cudaMemcpy2D_ptds(void* d, size_t dp, const void* s, size_t sp, size_t w,
+                                      size_t h, cudaMemcpyKind k) {
+  if (cudaError_t e = cudaMemcpy2DAsync(d, dp, s, sp, w, h, k, cudaStreamPerThread)) return e;
+  return cudaStreamSynchronize(cudaStreamPerThread);
+}
+SIM_API cudaError_t cudaMemcpy2DAsync_ptsz(void* d, size_t dp, const void* s, size_t sp, size_t w,
+                                           size_t h, cudaMemcpyKind k, cudaStream_t st) {
+  return cudaMemcpy2DAsync(d, dp, s, sp, w, h, k, per_thread(st));
+}
+SIM_API cudaError_t cudaMemset2D_ptds(void* p, size_t pitch, int v, size_t w, size_t h) {
+  if (cudaError_t e = cudaMemset2DAsync(p, pitch, v, w, h, cudaStreamPerThread)) return e;
+  return cudaStreamSynchronize(cudaStreamPerThread);
+}
+SIM_API cudaError_t cudaMemset2DAsync_ptsz(void* p, size_t pitch, int v, size_t w, size_t h,
+                                           cudaStream_t st) {
+  return cudaMemset2DAsync(p, pitch, v, w, h, per_thread(st));
 }
 SIM_API cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t st) {
   return cudaMallocAsync(p, n, per_thread(st));

@@ -229,4 +229,49 @@ TEST_F(AllocTest, InjectedFaultCanUseAnyErrorCode) {
   EXPECT_EQ(1, vaswapSimInjectFault("cuMemMap", 0, CUDA_ERROR_UNKNOWN)) << "nth must be >= 1";
 }
 
+// 2D copies and memsets move the rows their pitches say, and no byte between rows; 16-bit memsets
+// and peer copies move what they name; a 2D copy into a reservation without pages is refused
+// when it is enqueued, as on the H200.
+TEST_F(VmmTest, PitchedCopiesAndMemsetsMoveTheirRows) {
+  constexpr size_t kPitch = 64, kWidth = 16, kRows = 4;
+  CUdeviceptr dev = 0, other = 0;
+  ASSERT_CU(cuMemAlloc(&dev, kPitch * kRows));
+  ASSERT_CU(cuMemAlloc(&other, kPitch * kRows));
+  ASSERT_CU(cuMemsetD8(dev, 0x11, kPitch * kRows));
+  ASSERT_CU(cuMemsetD2D32(dev, kPitch, 0xabcdef01u, kWidth / 4, kRows));
+  std::vector<uint8_t> host(kWidth * kRows, 0);
+  CUDA_MEMCPY2D c{};
+  c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.srcDevice = dev;
+  c.srcPitch = kPitch;
+  c.dstMemoryType = CU_MEMORYTYPE_HOST;
+  c.dstHost = host.data();
+  c.dstPitch = kWidth;
+  c.WidthInBytes = kWidth;
+  c.Height = kRows;
+  ASSERT_CU(cuMemcpy2D(&c));
+  for (size_t i = 0; i < host.size(); i += 4) {
+    uint32_t v = 0;
+    std::memcpy(&v, &host[i], 4);
+    EXPECT_EQ(0xabcdef01u, v) << i;
+  }
+  std::vector<uint8_t> whole(kPitch * kRows);
+  ASSERT_CU(cuMemcpyDtoH(whole.data(), dev, whole.size()));
+  EXPECT_EQ(0x11, whole[kWidth]) << "a byte between rows changed";
+  ASSERT_CU(cuMemsetD16(dev, 0x2233, 2));
+  ASSERT_CU(cuMemcpyPeer(other, nullptr, dev, nullptr, 4));
+  uint16_t words[2] = {};
+  ASSERT_CU(cuMemcpyDtoH(words, other, 4));
+  EXPECT_EQ(0x2233, words[0]);
+  EXPECT_EQ(0x2233, words[1]);
+
+  ManualSlot slot;
+  slot.reserve(kGran);
+  c.srcDevice = slot.va;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy2D(&c));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+  ASSERT_CU(cuMemFree(dev));
+  ASSERT_CU(cuMemFree(other));
+}
+
 }  // namespace
