@@ -61,8 +61,10 @@ config=$(head -1 "$src/bench/demo_configs.txt")
 read -ra args <<<"$config"
 h200=$(awk -v want="## train_layers_cuda $config" '$0 == want {found=1; next} found && /^checksum/ {print $2; exit}' \
   "$src/bench/results/train_layers_h200.log")
+# A residency budget of half the demo's 64 MiB of slots: on the simulator's roomy device the auto
+# budget would offload nothing (a job that fits pays nothing), and this test is about offload.
 conf=selection.min_bytes=1MiB,schedule.model=given,schedule.h2d_gbps=55,schedule.d2h_gbps=55
-conf+=,schedule.remap_latency=600us
+conf+=,schedule.remap_latency=600us,residency.budget=32MiB
 run_demo() {  # run_demo [LAUNCHER...]: the demo's checksum on the simulated device (under LAUNCHER)
   LD_LIBRARY_PATH=$sim "$@" "$demo" "${args[@]}" --quiet | awk '/^checksum/ {print $2}'
 }
