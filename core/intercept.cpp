@@ -791,15 +791,15 @@ void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const 
   planner::after_graph(exec, stream, ordinal, ticket);
 }
 
-bool out_of_memory(const Call& call, size_t bytes) {
+bool out_of_memory(const Call& call, size_t bytes, const std::string& what) {
   if (tables().slots.load(std::memory_order_relaxed) == 0) return false;
   const int device = current_device();
   if (device < 0) return false;
   const uint64_t freed = residency::make_room(device, bytes);
   if (trace::enabled()) {
     record(trace::Event::notice, call)
-        .add("message", "the program's allocation of " + byte_size(bytes) +
-                            " failed for want of memory; slots gave back " + byte_size(freed))
+        .add("message", "the program's " + what + " failed for want of memory; slots gave back " +
+                            byte_size(freed))
         .emit();
   }
   return freed > 0;

@@ -65,9 +65,11 @@ bool routing_on();
 // passing on `skipped` (set when a guard, rather than the policy, kept it from being a slot).
 // A slot made during a capture reserves its address only: it gets pages before its first use.
 bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skipped);
-// A real allocation failed for want of memory: slots no launch in flight needs give their pages
-// back (evicted to pinned host memory). True when some did, and the allocation may be retried.
-bool out_of_memory(const Call& call, size_t bytes);
+// A real allocation, or a launch (the driver grows a kernel's local memory when it is launched),
+// failed for want of memory: slots no launch in flight needs give at least `bytes` of pages back
+// if they can (evicted to pinned host memory). True when some did, and the call may be retried.
+// `what` names the call in the trace ("allocation of 32 MiB", "launch").
+bool out_of_memory(const Call& call, size_t bytes, const std::string& what);
 // A real allocation succeeded. `stream` is the stream of a stream-ordered allocation, or null.
 void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
                const char* skipped = nullptr);

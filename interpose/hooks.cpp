@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "driver.h"
+#include "errors.h"
 #include "hooks.h"
 #include "intercept.h"
 #include "log.h"
@@ -194,6 +195,26 @@ R to_status(CUresult rc) {
   }
 }
 
+// A driver launch refused for want of memory: the driver takes a kernel's local memory (and a
+// graph's) from the device when it is launched, so a launch can run out of memory as an
+// allocation does. Slots no launch in flight needs give pages back and the launch is tried again
+// (three rounds, asking for more each time: the driver does not say how much it wanted), here at
+// the driver, before a runtime above it records the error as the thread's last one. Runtime
+// launches reach this through cudart's own driver call. With the preload off: the call alone.
+constexpr size_t kLaunchRoom = size_t{256} << 20;
+template <class R, class Real>
+R launch_with_room(const Call& call, Real&& real) {
+  R rc = real();
+  if constexpr (std::is_same_v<R, CUresult>) {
+    for (int round = 0; round < 3 && rc == CUDA_ERROR_OUT_OF_MEMORY && intercept::on() &&
+                        intercept::out_of_memory(call, kLaunchRoom << round, "launch");
+         ++round) {
+      rc = real();
+    }
+  }
+  return rc;
+}
+
 template <class Fn>
 struct Allocate;
 template <class R, class P>
@@ -214,7 +235,7 @@ struct Allocate<R (*)(P*, size_t)> {
     // first, and the allocation is tried again before the error reaches the program (a few
     // times: other threads may take what was given back first).
     for (int round = 0; round < 3 && rc == to_status<R>(CUDA_ERROR_OUT_OF_MEMORY) &&
-                        intercept::out_of_memory(call, bytes);
+                        intercept::out_of_memory(call, bytes, "allocation of " + byte_size(bytes));
          ++round) {
       rc = real(ptr, bytes);
     }
@@ -368,11 +389,12 @@ struct Launch<R (*)(CUgraphExec, CUstream)> {
   R (*real)(CUgraphExec, CUstream);
   Call call;
   R operator()(CUgraphExec exec, CUstream stream) const {
-    if (!handle()) return real(exec, stream);
+    const auto forward = [&] { return real(exec, stream); };
+    if (!handle()) return launch_with_room<R>(call, forward);
     Scope scope;
     const intercept::Ticket ticket = intercept::launched(call, exec, stream);
     if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    const R rc = real(exec, stream);
+    const R rc = launch_with_room<R>(call, forward);
     intercept::launch_returned(call, exec, stream, ticket, rc == R{});
     return rc;
   }
@@ -526,14 +548,15 @@ struct LaunchKernel<R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, un
   Call call;
   R operator()(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) const {
-    if (!handle() || !intercept::eager_wanted()) {
+    const auto forward = [&] {
       return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
-    }
+    };
+    if (!handle() || !intercept::eager_wanted()) return launch_with_room<R>(call, forward);
     Scope scope;
     const auto ticket =
         intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
     if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    const R rc = real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    const R rc = launch_with_room<R>(call, forward);
     intercept::eager_done(ticket);
     return rc;
   }
@@ -544,14 +567,15 @@ struct LaunchKernel<R (*)(const CUlaunchConfig*, CUfunction, void**, void**)> {
   R (*real)(const CUlaunchConfig*, CUfunction, void**, void**);
   Call call;
   R operator()(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) const {
+    const auto forward = [&] { return real(config, f, params, extra); };
     if (!handle() || !intercept::eager_wanted() || config == nullptr) {
-      return real(config, f, params, extra);
+      return launch_with_room<R>(call, forward);
     }
     Scope scope;
     const auto ticket = intercept::eager_kernel(call, config->hStream,
                                                 {f, &intercept::driver_param_info}, params, extra);
     if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    const R rc = real(config, f, params, extra);
+    const R rc = launch_with_room<R>(call, forward);
     intercept::eager_done(ticket);
     return rc;
   }

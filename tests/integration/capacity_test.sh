@@ -7,7 +7,9 @@
 #      device never held more than it has.
 #   2. 80 MiB: the slots held at once stay under half of all slot bytes; same checksum.
 #   3. The program's own allocation (20 MiB more after step 5) fails for want of memory: slots
-#      give pages back and the allocation succeeds; same checksum.
+#      give pages back and the allocation succeeds; same checksum. Likewise a kernel launch that
+#      the driver refuses for want of memory (it grows a kernel's local memory at launch): the
+#      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY.
 #   4. The device handshake (residency.handshake=device; the default is the host one): the same
 #      checksum; asked for with CUDA_DEVICE_MAX_CONNECTIONS=1, a named error.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
@@ -82,6 +84,21 @@ assert notes, "no notice for the retried allocation"
 n, message = s["evictions_program"], notes[0]["message"]
 print(f"     {n} slots evicted for the program: {message}")
 '
+
+# 3b. A launch out of memory: retried at the driver after slots gave pages back, so the runtime
+#     above never records the error (the demo checks every launch's result).
+VASWAP_SIM_FAULTS=cuLaunchKernel:150:2 under 100MiB launch_oom "$base"
+summary launch_oom '
+assert s["evictions_program"] > 0, s
+notes = [e for e in ev if e["ev"] == "notice" and "launch failed for want of memory" in e["message"]]
+assert len(notes) == 1, notes
+print("     " + notes[0]["message"])
+'
+if VASWAP_SIM_FAULTS=cuLaunchKernel:150:2 VASWAP_SIM_DEVICE_MEMORY=100MiB "$demo" --quiet \
+  --steps 20 >/dev/null 2>"$tmp/err"; then
+  fail "launch_oom: the injected launch failure did not reach the demo without vaswap"
+fi
+echo "ok   without vaswap the same injected launch failure ends the demo"
 
 # 4. The handshakes: the device one where asked (the stream waits on a flag: the application's
 #    thread never waits for a restore), the same checksum; asked for with one hardware queue

@@ -41,6 +41,7 @@ FAULTS = [
     ("cuStreamCreate", "cuStreamCreateWithPriority", 2, "creating a stream (vaswap's copy streams)"),
     ("D2H copy", "cuMemcpyDtoHAsync_v2", 999, "an eviction's copy to the host"),
     ("H2D copy", "cuMemcpyHtoDAsync_v2", 999, "a restore's copy to the device"),
+    ("launch OOM", "cuLaunchKernel", 2, "a kernel launch out of memory (local memory grows at launch)"),
     ("device fault", "device", 700, "a kernel faults (illegal address) mid-step"),
     ("stalled copy", "copy_stall", 30000, "a copy engine stalls for 30 s"),
 ]
