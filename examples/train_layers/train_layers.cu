@@ -72,6 +72,13 @@ VSK_GLOBAL void peek_kernel(const uint32_t* act, uint32_t* out, uint32_t n) {
 }
 VSK_REGISTER(peek_kernel)
 
+// Writes far outside every allocation (the --fault-step option): a device fault (illegal address)
+// in the middle of a step, as a buggy kernel would make one.
+VSK_GLOBAL void fault_kernel(uint32_t* wild, uint32_t n) {
+  VSK_FOR(i, n) { wild[i] = static_cast<uint32_t>(i); }
+}
+VSK_REGISTER(fault_kernel)
+
 VSK_GLOBAL void update_kernel(uint32_t* w, uint32_t* acc, uint32_t n) {
   VSK_FOR(i, n) {
     w[i] -= acc[i] >> 24;
@@ -103,8 +110,9 @@ struct Options {
   uint32_t seed = 1;
   int device = 0;
   bool quiet = false;
-  int eval_every = 0;  // 0: never
-  int peek_step = -1;  // -1: never
+  int eval_every = 0;   // 0: never
+  int peek_step = -1;   // -1: never
+  int fault_step = -1;  // -1: never
   bool api_graph = false;
   int extra_mib = 0;   // 0: none
   long limit_mib = 0;  // 0: the whole device
@@ -116,7 +124,7 @@ void usage(FILE* to) {
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--eval-every N] [--peek-step N] [--api-graph] [--extra-mib N]\n"
-      "                    [--limit-mib N] [--out FILE] [--quiet]\n"
+      "                    [--limit-mib N] [--fault-step N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -138,6 +146,10 @@ void usage(FILE* to) {
       "  --limit-mib N   leave the job N MiB of device memory: first hold the rest of what\n"
       "                  is free (cudaMallocAsync, which vaswap never makes a slot), as a\n"
       "                  smaller GPU would\n"
+      "  --fault-step N  in step N, between forward and backward, an eager kernel writes\n"
+      "                  1 TiB past the first layer's activation: a device fault (illegal\n"
+      "                  address) mid-step; the run must end with an error, not hang.\n"
+      "                  On the simulated device the process dies with SIGSEGV instead\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -165,6 +177,7 @@ Options parse(int argc, char** argv) {
                                  {"api-graph", no_argument, nullptr, 'a'},
                                  {"extra-mib", required_argument, nullptr, 'x'},
                                  {"limit-mib", required_argument, nullptr, 'm'},
+                                 {"fault-step", required_argument, nullptr, 'f'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -199,6 +212,10 @@ Options parse(int argc, char** argv) {
       case 'p':
         ok = parse_number(optarg, 0, 1000000, &v);
         o.peek_step = static_cast<int>(v);
+        break;
+      case 'f':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.fault_step = static_cast<int>(v);
         break;
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
@@ -391,6 +408,12 @@ int main(int argc, char** argv) {
     }
     Layer& last = layers.back();
     if (step == o.peek_step) launch((const void*)peek_kernel, {&layers[0].act, &peek, &n});
+    if (step == o.fault_step) {
+      auto* wild = reinterpret_cast<uint32_t*>(reinterpret_cast<uintptr_t>(layers[0].act) +
+                                               (uintptr_t{1} << 40));
+      uint32_t one = 1;
+      launch((const void*)fault_kernel, {&wild, &one});
+    }
     if (o.api_graph) {
       if (step == 10 && layers.size() > 1) {
         peeker.act = layers[1].act;
