@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamSynchronize(a));
 
   std::vector<double> raw_d2h, raw_h2d, vs_d2h, vs_h2d, raw_bi, vs_bi, freed_us, ahead_h2d,
-      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi;
+      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi, fresh_h2d;
   for (int r = 0; r < reps; ++r) {
     raw_d2h.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyDeviceToHost, a); }));
     raw_h2d.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyHostToDevice, a); }));
@@ -289,6 +289,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "diag: ahead bidir host us: offload %.0f, launch_copies %.0f\n", t_a, t_b);
     wait_released(one.slots);
     restore(one, a);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    // Raw H2D into pages mapped just before the copy (new cuMemCreate handles, as every restore
+    // gets): the driver's cost of fresh pages, apart from vaswap's submission.
+    for (vaswap_slot slot : one.slots) {
+      CHECK_VASWAP(vaswap_slot_unmap_and_release(slot));
+      CHECK_VASWAP(vaswap_slot_create_and_remap(slot));
+    }
+    fresh_h2d.push_back(
+        timed_ms(a, [&] { raw_slot_copies(one, bytes, cudaMemcpyHostToDevice, a); }));
     CHECK_CUDA(cudaDeviceSynchronize());
     if (std::getenv("SLOT_BENCH_DIAG") != nullptr) {
       // Which part of a restore-copy submission holds the H2D back behind an offload's D2H on
@@ -461,6 +470,8 @@ int main(int argc, char** argv) {
       {"D2H vaswap_offload_after", gbps(vs_d2h, set_gb), "GB/s", d2h, sd2h},
       {"H2D raw cudaMemcpyAsync (cudaMalloc memory)", h2d, "GB/s", 0, 0},
       {"H2D raw cudaMemcpyAsync (the slots' memory)", sh2d, "GB/s", 0, 0},
+      {"H2D raw cudaMemcpyAsync (the slots' memory, pages mapped just before)",
+       gbps(fresh_h2d, set_gb), "GB/s", h2d, sh2d},
       {"H2D vaswap restore copies (remapped ahead)", gbps(ahead_h2d, set_gb), "GB/s", h2d, sh2d},
       {"H2D vaswap_remap_and_copy_after (cold: remap on the path)", gbps(vs_h2d, set_gb), "GB/s",
        h2d, sh2d},

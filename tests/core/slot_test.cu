@@ -131,6 +131,19 @@ size_t free_bytes(int device) {
   return free;
 }
 
+// What the driver reports free (cuMemGetInfo) moves by a slot's own pages, within the driver's
+// bookkeeping: for a mapping of 32 MiB or more it may keep or take one 2 MiB page of its page
+// tables, which live in device memory and follow the address range, not the pages (seen on the
+// H200, driver 580: 62 MiB came back for a 64 MiB slot). Smaller mappings move exactly. vaswap's
+// own accounting (mapped_bytes, bytes_mapped) is asserted exactly beside it.
+void expect_free_change(size_t from, size_t to, int64_t change) {
+  const auto bytes = static_cast<size_t>(std::llabs(change));
+  const int64_t slack = bytes >= 32 * kMiB ? int64_t{2} << 20 : 0;
+  const int64_t moved = static_cast<int64_t>(to) - static_cast<int64_t>(from);
+  EXPECT_GE(moved, change - slack) << "free device memory moved by " << moved << ", not " << change;
+  EXPECT_LE(moved, change + slack) << "free device memory moved by " << moved << ", not " << change;
+}
+
 int device_count() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
@@ -187,7 +200,7 @@ TEST_F(Slots, CreateMapsOneGranularityRoundedHandle) {
   EXPECT_EQ(info.bytes, 5 * kMiB);
   EXPECT_EQ(info.mapped_bytes, 6 * kMiB);  // 2 MiB granularity, one handle
   EXPECT_EQ(info.mapped, 1);
-  EXPECT_EQ(before - free_bytes(0), 6 * kMiB);
+  expect_free_change(before, free_bytes(0), -6 * int64_t{kMiB});
   fill(info.va, 7, 5 * kMiB / 4, stream_);
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(mismatches(read_device(info.va, 5 * kMiB / 4), 7, 1, 0), 0u);
@@ -209,10 +222,10 @@ TEST_F(Slots, StridedExtentCoversTheLastElement) {
 TEST_F(Slots, DestroyReturnsPagesAndAddress) {
   const size_t before = free_bytes(0);
   vaswap_slot slot = make_slot(64 * kMiB);
-  EXPECT_EQ(before - free_bytes(0), 64 * kMiB);
+  expect_free_change(before, free_bytes(0), -64 * int64_t{kMiB});
   forget(slot);
   VASWAP_OK_(vaswap_slot_destroy(slot));
-  EXPECT_EQ(free_bytes(0), before);
+  expect_free_change(before, free_bytes(0), 0);
   vaswap_slot_info info{};
   EXPECT_EQ(vaswap_slot_get_info(slot, &info), VASWAP_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(vaswap_last_error()).find("not a live vaswap slot"), std::string::npos);
@@ -230,7 +243,8 @@ TEST_F(Slots, OffloadReturnsPagesToTheDriver) {
   const size_t mapped_free = free_bytes(0);
   VASWAP_OK_(vaswap_offload_after(&slot, &host, 1, stream_));
   ASSERT_TRUE(wait_released(slot));
-  EXPECT_EQ(free_bytes(0) - mapped_free, 64 * kMiB);
+  expect_free_change(mapped_free, free_bytes(0), 64 * int64_t{kMiB});
+  EXPECT_EQ(info_of(slot).mapped, 0);
   // The host copy holds the bytes the slot held.
   const auto* copy = static_cast<const uint32_t*>(host);
   size_t bad = 0;
@@ -439,7 +453,7 @@ TEST_F(Slots, RemapOnlyMapsWithoutCopy) {
   VASWAP_OK_(vaswap_remap_wait_on_stream(remap, stream_));
   VASWAP_OK_(vaswap_remap_adopt(remap));
   VASWAP_OK_(vaswap_remap_destroy(remap));
-  EXPECT_EQ(released_free - free_bytes(0), 2 * kMiB);
+  expect_free_change(released_free, free_bytes(0), -2 * int64_t{kMiB});
   const uint64_t va = info_of(slot).va;
   fill(va, 77, 2 * kMiB / 4, stream_);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -461,7 +475,7 @@ TEST_F(Slots, AdoptedPagesSurviveRemapDestroy) {
   EXPECT_EQ(info_of(slots[0]).mapped, 1);
   EXPECT_EQ(info_of(slots[1]).mapped, 0);
   EXPECT_EQ(info_of(slots[1]).remap_pending, 0);
-  EXPECT_EQ(free_bytes(0) - mapped_free, 2 * kMiB);
+  expect_free_change(mapped_free, free_bytes(0), 2 * int64_t{kMiB});
 }
 
 TEST_F(Slots, SynchronousFallbacksKeepTheAddress) {
@@ -469,7 +483,7 @@ TEST_F(Slots, SynchronousFallbacksKeepTheAddress) {
   const uint64_t va = info_of(slot).va;
   const size_t mapped_free = free_bytes(0);
   VASWAP_OK_(vaswap_slot_unmap_and_release(slot));
-  EXPECT_EQ(free_bytes(0) - mapped_free, 4 * kMiB);
+  expect_free_change(mapped_free, free_bytes(0), 4 * int64_t{kMiB});
   EXPECT_EQ(vaswap_slot_unmap_and_release(slot), VASWAP_ERROR_INVALID_STATE);
   VASWAP_OK_(vaswap_slot_create_and_remap(slot));
   EXPECT_EQ(free_bytes(0), mapped_free);
@@ -703,7 +717,7 @@ TEST_F(TwoDevices, SlotOnSecondDeviceRoundTrips) {
   CUDA_OK(cudaSetDevice(0));
   VASWAP_OK_(vaswap_offload_after(&slot, &host, 1, stream1_));
   ASSERT_TRUE(wait_released(slot));
-  EXPECT_EQ(free_bytes(1) - free1, 4 * kMiB);
+  expect_free_change(free1, free_bytes(1), 4 * int64_t{kMiB});
   EXPECT_EQ(free_bytes(0), free0);
   vaswap_remap remap = nullptr;
   VASWAP_OK_(vaswap_remap_and_copy_after(&slot, &host, 1, stream1_, &remap));
