@@ -4,13 +4,23 @@
 // Each case: stream S parks on a flag (and, in some cases, has work queued behind the wait);
 // then stream O gets one piece of work and an event; the host waits up to 2 s for the event,
 // then writes the flag either way. Prints whether O's work completed while S was parked.
+//
+// `park_probe --streams` asks the same of many streams: 40 non-blocking streams are created in
+// order; stream 0 is parked; each other stream gets a kernel, then (separately) an H2D copy, and
+// the host waits up to 50 ms for each. A stream whose work does not run shares a hardware queue
+// with the parked one. Repeated with high-priority streams created after the parked one, and with
+// the other streams created before it. The answer decides when a device-side handshake can park
+// an application stream without stalling vaswap's copies (docs/PLANNER.md, "Handshakes").
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 __global__ void spin(unsigned* p) {
   if (threadIdx.x == 0) atomicAdd(p, 1u);
@@ -19,6 +29,16 @@ __global__ void spin(unsigned* p) {
 namespace {
 
 constexpr size_t kBytes = 32u << 20;
+
+bool wait_stream(cudaStream_t s, double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds)
+      return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
 
 bool wait_event(cudaEvent_t e, double seconds) {
   const auto start = std::chrono::steady_clock::now();
@@ -32,7 +52,81 @@ bool wait_event(cudaEvent_t e, double seconds) {
 
 }  // namespace
 
-int main() {
+// Parks `parked` on a fresh flag value; returns, for each of `others`, whether a kernel and an
+// H2D enqueued on it ran while `parked` waited.
+void probe_streams(const char* title, cudaStream_t parked, const std::vector<cudaStream_t>& others,
+                   unsigned* flag, unsigned* value, unsigned* counter, void* dev, void* host) {
+  std::printf("%s\n", title);
+  std::fflush(stdout);
+  std::string kernel_blocked, copy_blocked;
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  for (int kind = 0; kind < 2; ++kind) {
+    for (size_t k = 0; k < others.size(); ++k) {
+      ++*value;
+      cuStreamWaitValue32(reinterpret_cast<CUstream>(parked), reinterpret_cast<CUdeviceptr>(flag),
+                          *value, CU_STREAM_WAIT_VALUE_GEQ);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (kind == 0) spin<<<1, 32, 0, others[k]>>>(counter);
+      if (kind == 1) cudaMemcpyAsync(dev, host, 1u << 20, cudaMemcpyHostToDevice, others[k]);
+      cudaEventRecord(done, others[k]);
+      const bool ran = wait_event(done, 0.05);
+      __atomic_store_n(flag, *value, __ATOMIC_RELEASE);
+      for (cudaStream_t st : {parked, others[k]}) {
+        if (!wait_stream(st, 3.0)) {
+          std::printf("  %s on stream %zu: %s stream still busy 3 s after the flag was written\n",
+                      kind == 0 ? "kernel" : "H2D", k + 1, st == parked ? "the parked" : "this");
+          std::exit(3);
+        }
+      }
+      if (!ran) (kind == 0 ? kernel_blocked : copy_blocked) += " " + std::to_string(k + 1);
+    }
+  }
+  cudaEventDestroy(done);
+  std::printf("  kernel held back on streams:%s\n  H2D held back on streams:%s\n",
+              kernel_blocked.empty() ? " none" : kernel_blocked.c_str(),
+              copy_blocked.empty() ? " none" : copy_blocked.c_str());
+}
+
+int many_streams() {
+  cudaSetDevice(0);
+  cudaFree(nullptr);
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  std::printf(
+      "CUDA_DEVICE_MAX_CONNECTIONS=%s; streams numbered in creation order after the "
+      "parked one\n",
+      connections ? connections : "(unset)");
+  unsigned* flag = nullptr;
+  cudaHostAlloc(reinterpret_cast<void**>(&flag), 64, cudaHostAllocMapped);
+  void* host = nullptr;
+  cudaHostAlloc(&host, 1u << 20, cudaHostAllocDefault);
+  void* dev = nullptr;
+  cudaMalloc(&dev, 1u << 20);
+  unsigned* counter = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&counter), 4);
+  unsigned value = 0;
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+
+  std::vector<cudaStream_t> before(39);
+  for (cudaStream_t& st : before) cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaStream_t parked;
+  cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking);
+  std::vector<cudaStream_t> after(39), high(16);
+  for (cudaStream_t& st : after) cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  for (cudaStream_t& st : high) cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, greatest);
+  probe_streams("39 streams created after the parked one", parked, after, flag, &value, counter,
+                dev, host);
+  probe_streams("16 high-priority streams created after the parked one", parked, high, flag, &value,
+                counter, dev, host);
+  probe_streams("39 streams created before the parked one (1: the earliest)", parked, before, flag,
+                &value, counter, dev, host);
+  std::printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
   cudaSetDevice(0);
   cudaFree(nullptr);
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");

@@ -19,8 +19,8 @@
 #      fits.
 # Usage: bash bench/run_capacity_h200.sh [demo] [torch_shared] [torch_own]   (default: all three)
 # Environment: TORCH_LIMIT_GIB (8), DEMO_LIMIT_MIB (2048), DEMO_ELEMS (8388608: 32 MiB buffers),
-#   STEPS (12), PROBE_STEPS (3), SKIP (4), RUNS (3), FACTORS ("2.5 4": the sizes tried under
-#   vaswap, times L0), KNOWN_L0 (skip the search: check L0 and L0+1 only), VASWAP_LIB
+#   STEPS (12), PROBE_STEPS (STEPS: 3 steps of 15 layers trained where 12 ran out), SKIP (4), RUNS (3), FACTORS ("2.5 4": the sizes tried under
+#   vaswap, times L0), KNOWN_L0 (start the search there, one layer at a time), VASWAP_LIB
 #   (build/gpu/lib/libvaswap.so),
 #   DEMO (build/gpu/bin/train_layers_static_cuda), EXTRA_CONF (more VASWAP_CONF for every run).
 # Writes $OUT (else bench/results/capacity)/: capacity_h200.log, capacity_h200.md (the table), and
@@ -38,7 +38,7 @@ torch_limit=${TORCH_LIMIT_GIB:-8}
 demo_limit=${DEMO_LIMIT_MIB:-2048}
 demo_elems=${DEMO_ELEMS:-8388608}
 steps=${STEPS:-12}
-probe_steps=${PROBE_STEPS:-3}
+probe_steps=${PROBE_STEPS:-$steps}  # a shorter probe can pass where the full run runs out
 skip=${SKIP:-4}
 repeats=${RUNS:-3}
 programs=("$@")
@@ -109,11 +109,10 @@ for program in "${programs[@]}"; do
   limit=$(limit_of "$program")
   unit=$(unit_of "$program")
   echo "== $program: ${limit} $unit of device memory"
-  # 1. L0 without vaswap (KNOWN_L0: from an earlier search; checked with two probes).
-  good=0 bad=0 layers=1
-  if [[ -n ${KNOWN_L0:-} ]]; then
-    good=$((KNOWN_L0 - 1)) bad=$((KNOWN_L0 + 2)) layers=$KNOWN_L0
-  fi
+  # 1. L0 without vaswap.
+  # KNOWN_L0 starts the search there and steps by one layer (both neighbours are run: L0 must
+  # train and L0+1 must not, each for the full STEPS).
+  good=0 bad=0 layers=${KNOWN_L0:-1}
   while :; do
     if launch "$program" "${program}_plain_probe_$layers" "$layers" "$probe_steps" "$limit" 0; then
       good=$layers
@@ -123,13 +122,14 @@ for program in "${programs[@]}"; do
       echo "   without vaswap, $layers layers: fails ($(grep -m1 -oiE 'out of memory|OutOfMemoryError|cudaErrorMemoryAllocation' \
         "$runs_dir/${program}_plain_probe_$layers.err" || echo "see ${program}_plain_probe_$layers.err"))"
     fi
-    if [[ $bad == 0 ]]; then
-      layers=$((layers * 2))
-      [[ $layers -le 512 ]] || break
-    elif [[ $((bad - good)) -le 1 ]]; then
+    if [[ $good != 0 && $bad != 0 && $((bad - good)) -le 1 ]]; then
       break
-    elif [[ -n ${KNOWN_L0:-} && $layers == "$KNOWN_L0" ]]; then
-      layers=$((KNOWN_L0 + 1))
+    elif [[ $bad == 0 ]]; then
+      if [[ -n ${KNOWN_L0:-} ]]; then layers=$((layers + 1)); else layers=$((layers * 2)); fi
+      [[ $layers -le 512 ]] || break
+    elif [[ $good == 0 ]]; then
+      if [[ -n ${KNOWN_L0:-} ]]; then layers=$((layers - 1)); else layers=$((layers / 2)); fi
+      [[ $layers -ge 1 ]] || break
     else
       layers=$(((good + bad) / 2))
     fi
@@ -168,10 +168,16 @@ for program in "${programs[@]}"; do
   done
 
   # 3. Overhead at L0.
+  failed=""
   for i in $(seq 1 "$repeats"); do
-    launch "$program" "${program}_l0_plain_$i" "$l0" "$steps" "$limit" 0 || status=1
-    launch "$program" "${program}_l0_vaswap_$i" "$l0" "$steps" "$limit" 1 || status=1
+    launch "$program" "${program}_l0_plain_$i" "$l0" "$steps" "$limit" 0 || failed+=" ${program}_l0_plain_$i"
+    launch "$program" "${program}_l0_vaswap_$i" "$l0" "$steps" "$limit" 1 || failed+=" ${program}_l0_vaswap_$i"
   done
+  if [[ -n $failed ]]; then
+    echo "   FAIL: at L0 = $l0 layers these runs failed (their .err in the runs archive):$failed"
+    status=1
+    continue
+  fi
   python3 - "$runs_dir" "$program" "$l0" "$best" "$repeats" "$skip" "$limit $unit" \
     >>"$out/capacity_h200.md" <<'PY' || status=1
 import json, os, statistics, sys
