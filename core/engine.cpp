@@ -55,7 +55,9 @@ std::unique_lock<std::mutex> Engine::driver_call_lock() {
   return std::unique_lock<std::mutex>();
 }
 
-// One physical handle for the whole range (DESIGN.md §7: cost grows with handles, not bytes).
+// One physical handle for the whole range (DESIGN.md §7: cost grows with handles, not bytes): a
+// kept one of this size if there is one (vaswap_set_page_reuse), else a new one. A new one that
+// finds the device full releases the kept handles first and tries again.
 CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t bytes,
                                                const std::string& subject, PageTimes* times,
                                                bool report) {
@@ -68,9 +70,16 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 
   auto lock = driver_call_lock();
-  CUmemGenericAllocationHandle handle = 0;
   uint64_t t = trace::now_ns();
-  check(driver_.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate", subject, report);
+  CUmemGenericAllocationHandle handle = take_spare(d, bytes);
+  times->reused = handle != 0;
+  if (handle == 0) {
+    CUresult rc = driver_.cuMemCreate(&handle, bytes, &prop, 0);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && release_spares(d) > 0) {
+      rc = driver_.cuMemCreate(&handle, bytes, &prop, 0);
+    }
+    check(rc, "cuMemCreate", subject, report);
+  }
   times->create_us = trace::us_since(t);
   t = trace::now_ns();
   CUresult rc = driver_.cuMemMap(va, bytes, 0, handle, 0);
@@ -90,19 +99,109 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
 
 // Throws if the unmap fails (the pages stay mapped, nothing changed). A failed release after a
 // successful unmap is reported but not thrown: the address is free of pages either way.
-void Engine::unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
-                         const std::string& subject, PageTimes* times) {
+void Engine::unmap_pages(Device& d, CUdeviceptr va, size_t bytes,
+                         CUmemGenericAllocationHandle handle, const std::string& subject,
+                         PageTimes* times, uint64_t keep_limit) {
   auto lock = driver_call_lock();
   uint64_t t = trace::now_ns();
   check(driver_.cuMemUnmap(va, bytes), "cuMemUnmap", subject);
   times->unmap_us = trace::us_since(t);
   t = trace::now_ns();
-  try {
-    check(driver_.cuMemRelease(handle), "cuMemRelease", subject);
-  } catch (const Error&) {
-    // Reported by check(); the handle's pages may stay allocated until the process exits.
+  times->kept = keep_limit != 0 && keep_spare(d, bytes, handle, keep_limit);
+  if (!times->kept) {
+    try {
+      check(driver_.cuMemRelease(handle), "cuMemRelease", subject);
+    } catch (const Error&) {
+      // Reported by check(); the handle's pages may stay allocated until the process exits.
+    }
   }
   times->release_us = trace::us_since(t);
+}
+
+CUmemGenericAllocationHandle Engine::take_spare(Device& d, size_t bytes) {
+  std::lock_guard<std::mutex> lock(d.spare_mutex);
+  auto it = d.spare.find(bytes);
+  if (it == d.spare.end()) return 0;
+  const CUmemGenericAllocationHandle handle = it->second;
+  d.spare.erase(it);
+  d.spare_bytes -= bytes;
+  return handle;
+}
+
+bool Engine::keep_spare(Device& d, size_t bytes, CUmemGenericAllocationHandle handle,
+                        uint64_t limit) {
+  std::lock_guard<std::mutex> lock(d.spare_mutex);
+  if (bytes > limit || d.spare_bytes > limit - bytes) return false;
+  d.spare.emplace(bytes, handle);
+  d.spare_bytes += bytes;
+  return true;
+}
+
+// Largest first, until at most `keep` bytes are kept. A failed release is counted as released:
+// the handle is gone from vaswap's hands either way, and check() reported it.
+uint64_t Engine::release_spares(Device& d, uint64_t keep) {
+  std::vector<std::pair<size_t, CUmemGenericAllocationHandle>> going;
+  {
+    std::lock_guard<std::mutex> lock(d.spare_mutex);
+    while (d.spare_bytes > keep && !d.spare.empty()) {
+      auto last = std::prev(d.spare.end());
+      going.emplace_back(*last);
+      d.spare_bytes -= last->first;
+      d.spare.erase(last);
+    }
+  }
+  uint64_t released = 0;
+  for (const auto& [bytes, handle] : going) {
+    try {
+      check(driver_.cuMemRelease(handle), "cuMemRelease",
+            "a kept handle of " + byte_size(bytes) + " on device " + std::to_string(d.ordinal));
+    } catch (const Error&) {
+    }
+    released += bytes;
+  }
+  if (released > 0) note_memory();
+  return released;
+}
+
+uint64_t Engine::spare_bytes(int ordinal) {
+  Device& d = device(ordinal);
+  std::lock_guard<std::mutex> lock(d.spare_mutex);
+  return d.spare_bytes;
+}
+
+bool Engine::has_spare(int ordinal, size_t bytes) {
+  Device& d = device(ordinal);
+  std::lock_guard<std::mutex> lock(d.spare_mutex);
+  return d.spare.count(bytes) != 0;
+}
+
+uint64_t Engine::trim_spares(int ordinal, uint64_t keep) {
+  Device& d = device(ordinal);
+  {
+    std::lock_guard<std::mutex> lock(d.spare_mutex);
+    if (d.spare_bytes <= keep) return 0;
+  }
+  ContextScope scope(driver_, d.context);
+  auto lock = driver_call_lock();
+  return release_spares(d, keep);
+}
+
+uint64_t Engine::set_page_reuse(uint64_t bytes) {
+  reuse_limit_.store(bytes);
+  std::vector<Device*> known;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& d : devices_) {
+      if (d) known.push_back(d.get());
+    }
+  }
+  uint64_t released = 0;
+  for (Device* d : known) {
+    ContextScope scope(driver_, d->context);
+    auto lock = driver_call_lock();
+    released += release_spares(*d, bytes);
+  }
+  return released;
 }
 
 // =============================================================================================
@@ -374,12 +473,13 @@ void Engine::back(Slot* slot, const std::optional<BatchTiming>& timing, bool rep
   pages_mapped(facts_of(*slot), times, start, timing);
 }
 
-void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing) {
+void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep) {
   Device& d = device(slot->device);
   ContextScope scope(driver_, d.context);
   const uint64_t start = trace::now_ns();
   PageTimes times;
-  unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times);
+  unmap_pages(d, slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times,
+              keep ? UINT64_MAX : reuse_limit_.load());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slot->handle = 0;
@@ -427,7 +527,9 @@ void Engine::destroy_slot(Slot* slot) {
   for (CUmemGenericAllocationHandle handle : {slot->handle, remap_handle}) {
     if (handle == 0) continue;
     try {
-      unmap_pages(slot->va, slot->mapped_bytes, handle, slot->describe(), &times);
+      // A destroyed slot's pages go back to the driver, as cudaFree's do: never kept.
+      unmap_pages(d, slot->va, slot->mapped_bytes, handle, slot->describe(), &times,
+                  /*keep_limit=*/0);
       if (handle == slot->handle) bytes_mapped_.fetch_sub(slot->mapped_bytes);
     } catch (const Error& e) {
       if (first_error.empty()) first_error = e.what();
@@ -489,6 +591,7 @@ void Engine::pages_released(const SlotFacts& slot, const PageTimes& times, uint6
       .add("device", slot.device);
   if (timing) record.add("batch", timing->batch).add("lag_us", timing->lag_us);
   record.add("unmap_us", times.unmap_us).add("release_us", times.release_us);
+  if (times.kept) record.add("kept", true);
   if (!timing) record.add("sync", true);
   record.emit();
 }
@@ -513,6 +616,7 @@ void Engine::pages_mapped(const SlotFacts& slot, const PageTimes& times, uint64_
   record.add("create_us", times.create_us)
       .add("map_us", times.map_us)
       .add("access_us", times.access_us);
+  if (times.reused) record.add("reused", true);
   if (!timing) record.add("sync", true);
   record.emit();
 }
@@ -542,11 +646,13 @@ void Engine::end_sync(Slot* slot, std::optional<CUmemGenericAllocationHandle> ha
 
 void Engine::unmap_and_release(Slot* slot) {
   reserve_for_sync(slot, "vaswap_slot_unmap_and_release", /*want_mapped=*/true);
-  ContextScope scope(driver_, device(slot->device).context);
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
   const uint64_t start = trace::now_ns();
   PageTimes times;
   try {
-    unmap_pages(slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times);
+    unmap_pages(d, slot->va, slot->mapped_bytes, slot->handle, slot->describe(), &times,
+                reuse_limit_.load());
   } catch (const Error&) {
     end_sync(slot, std::nullopt);
     throw;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +50,12 @@ struct Device {
   // (guarded by Engine's mutex). Workers make no VMM call while it is non-zero: on the H200 any
   // VMM call halves the bandwidth of an H2D copy running at the time.
   int h2d_in_flight = 0;
+  // Physical handles kept after an unmap for a later map of the same size (vaswap_set_page_reuse):
+  // an H2D into a handle mapped again runs at the link's speed, into a new one about 8% slower
+  // (docs/PERFORMANCE.md). Keyed by size; guarded by spare_mutex.
+  std::mutex spare_mutex;
+  std::multimap<size_t, CUmemGenericAllocationHandle> spare;
+  uint64_t spare_bytes = 0;
 };
 
 // Makes a context current on this thread for a scope, and restores the previous one.
@@ -104,6 +111,8 @@ inline SlotFacts facts_of(const Slot& slot) {
 struct PageTimes {
   double create_us = 0, map_us = 0, access_us = 0;  // map_pages
   double unmap_us = 0, release_us = 0;              // unmap_pages
+  bool reused = false;  // map_pages mapped a kept handle: no cuMemCreate
+  bool kept = false;    // unmap_pages kept the handle for reuse: no cuMemRelease
 };
 
 // Where a worker's map or unmap sat in its batch; absent for the synchronous calls.
@@ -198,8 +207,11 @@ class Engine {
   // none. Each throws Error with nothing changed; the caller serializes the calls of one slot.
   // `report` false: a failure is thrown without going to the log and the error count (the
   // caller retries, and reports what remains).
+  // back() maps a kept handle of the slot's size if there is one. unback() with `keep` keeps the
+  // handle for the next back() of that size (residency counts kept bytes within its budget);
+  // without, page reuse applies as the C API set it (vaswap_set_page_reuse).
   void back(Slot* slot, const std::optional<BatchTiming>& timing, bool report = true);
-  void unback(Slot* slot, const std::optional<BatchTiming>& timing);
+  void unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep = false);
   // Counts a copy residency made (the engine's stats and its peaks).
   void count_copy(bool d2h, uint64_t bytes) {
     (d2h ? bytes_offloaded_ : bytes_restored_).fetch_add(bytes);
@@ -212,6 +224,14 @@ class Engine {
   // The device's primary context, retained by the engine for the life of the process.
   CUcontext context(int ordinal) { return device(ordinal).context; }
   void set_serial_driver_calls(bool serial) { serial_.store(serial); }
+  // vaswap_set_page_reuse: keep up to `bytes` of unmapped handles per device for later maps of
+  // the same size (0: none, and the kept ones are released now). Returns the bytes released.
+  uint64_t set_page_reuse(uint64_t bytes);
+  // Kept handles of a device (for residency, which counts them within its budget): their bytes,
+  // whether one of exactly `bytes` is there, and releasing them down to `keep` bytes.
+  uint64_t spare_bytes(int ordinal);
+  bool has_spare(int ordinal, size_t bytes);
+  uint64_t trim_spares(int ordinal, uint64_t keep);
   vaswap_stats stats();
   // Device memory as the driver reports it (cuMemGetInfo), read after every map and unmap of a
   // slot's pages and by the planner's sampler: the most in use, and the most in use plus the
@@ -260,8 +280,15 @@ class Engine {
   CUmemGenericAllocationHandle map_pages(Device& d, CUdeviceptr va, size_t bytes,
                                          const std::string& subject, PageTimes* times,
                                          bool report = true);
-  void unmap_pages(CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
-                   const std::string& subject, PageTimes* times);
+  // `keep_limit`: the handle is kept for reuse if the device's kept bytes stay within it (0:
+  // released).
+  void unmap_pages(Device& d, CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,
+                   const std::string& subject, PageTimes* times, uint64_t keep_limit);
+  // Kept handles: a handle of exactly `bytes`, or 0; keep one if the limit allows; release kept
+  // handles (all, or down to `keep` bytes). Callers hold driver_call_lock where it applies.
+  CUmemGenericAllocationHandle take_spare(Device& d, size_t bytes);
+  bool keep_spare(Device& d, size_t bytes, CUmemGenericAllocationHandle handle, uint64_t limit);
+  uint64_t release_spares(Device& d, uint64_t keep = 0);
   // Counters and trace for pages that went away or came back, shared by workers and the
   // synchronous calls.
   void pages_released(const SlotFacts& slot, const PageTimes& times, uint64_t start_ns,
@@ -287,6 +314,7 @@ class Engine {
   std::atomic<uint64_t> bytes_mapped_{0}, releases_{0}, remaps_done_{0}, bytes_offloaded_{0},
       bytes_restored_{0}, errors_{0};
   std::atomic<uint64_t> bytes_reserved_{0};  // mapped_bytes of every live slot
+  std::atomic<uint64_t> reuse_limit_{0};     // vaswap_set_page_reuse, per device
   std::atomic<uint64_t> peak_used_{0}, peak_without_{0};
 };
 

@@ -173,7 +173,8 @@ void Engine::run_release(ReleaseJob& job) {
     const uint64_t start = trace::now_ns();
     PageTimes times;
     try {
-      unmap_pages(slot->va, slot->mapped_bytes, slot->handle, subject, &times);
+      unmap_pages(*job.device, slot->va, slot->mapped_bytes, slot->handle, subject, &times,
+                  reuse_limit_.load());
     } catch (const Error& e) {
       {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -562,8 +562,8 @@ void Engine::destroy_remap(RemapBatch* batch) {
     for (const Discard& discard : discards) {
       PageTimes times;
       try {
-        unmap_pages(discard.facts.va, discard.mapped_bytes, discard.handle,
-                    discard.slot->describe(), &times);
+        unmap_pages(*batch->device, discard.facts.va, discard.mapped_bytes, discard.handle,
+                    discard.slot->describe(), &times, reuse_limit_.load());
         bytes_mapped_.fetch_sub(discard.mapped_bytes);
       } catch (const Error& e) {
         if (first_error.empty()) first_error = e.what();

@@ -328,6 +328,10 @@ VASWAP_API vaswap_status vaswap_set_serial_driver_calls(int serial) {
   return guarded([&] { vaswap::engine().set_serial_driver_calls(serial != 0); });
 }
 
+VASWAP_API vaswap_status vaswap_set_page_reuse(uint64_t bytes_per_device) {
+  return guarded([&] { vaswap::engine().set_page_reuse(bytes_per_device); });
+}
+
 VASWAP_API vaswap_status vaswap_trace_open(const char* path) {
   return guarded([&] {
     require(path, "vaswap_trace_open", "path");

@@ -176,6 +176,16 @@ vaswap_status vaswap_workers_init(int device);
  * cuMemSetAccess calls have been reported to take ~40 ms tails. 0: each worker calls freely. */
 vaswap_status vaswap_set_serial_driver_calls(int serial);
 
+/* Page reuse. 0 (the default): an offload or unmap gives the slot's pages back to the driver, and
+ * a remap creates new ones. Above 0: up to `bytes_per_device` of unmapped physical handles are
+ * kept on each device, and a remap of a slot whose mapped size equals a kept handle's maps that
+ * handle instead of creating one. An H2D copy into a new handle runs about 8% below the link's
+ * speed on the H200, into a kept one at full speed (docs/PERFORMANCE.md). Kept pages stay
+ * allocated (cuMemGetInfo counts them) until a remap takes them, a new handle finds the device
+ * full (they are released and the creation retried), or this call lowers the limit (they are
+ * released down to it now; 0 releases them all). A destroyed slot's pages are never kept. */
+vaswap_status vaswap_set_page_reuse(uint64_t bytes_per_device);
+
 /* Starts writing the trace (docs/TRACE.md) to `path`; "%p" becomes the process id. Replaces a
  * trace already open. VASWAP_TRACE=path does the same at first use (not in a setuid program).
  * VASWAP_ERROR_INVALID_ARGUMENT, with the reason, when `path` is a symbolic link or a file that

@@ -27,7 +27,8 @@ from . import _dlpack, _layout, _lib
 __all__ = [
     "VaswapError", "Slot", "HostBuffer", "Remap", "release_after", "offload_after",
     "remap_after", "remap_and_copy_after", "remap_deferred_after", "memory_info", "stats",
-    "workers_init", "set_serial_driver_calls", "trace_open", "trace_close", "version",
+    "workers_init", "set_serial_driver_calls", "set_page_reuse", "trace_open", "trace_close",
+    "version",
 ]
 
 _c = _lib.Library()  # libvaswap.so, loaded at the first call
@@ -363,6 +364,12 @@ def workers_init(device=0):
 
 def set_serial_driver_calls(serial):
     _check(_c.vaswap_set_serial_driver_calls(1 if serial else 0))
+
+
+def set_page_reuse(bytes_per_device):
+    """Keep up to this many bytes of unmapped pages per device for later remaps of the same size
+    (0: none, and the kept ones go back to the driver now). See vaswap_set_page_reuse."""
+    _check(_c.vaswap_set_page_reuse(int(bytes_per_device)))
 
 
 def trace_open(path):

@@ -85,6 +85,7 @@ _SIGNATURES = {
     "vaswap_driver_memory_info": [_INT, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE)],
     "vaswap_workers_init": [_INT],
     "vaswap_set_serial_driver_calls": [_INT],
+    "vaswap_set_page_reuse": [ctypes.c_uint64],
     "vaswap_trace_open": [ctypes.c_char_p],
     "vaswap_trace_close": [],
     "vaswap_get_stats": [ctypes.POINTER(Stats)],

@@ -136,8 +136,9 @@ size_t free_bytes(int device) {
 // tables, which live in device memory and follow the address range, not the pages (seen on the
 // H200, driver 580: 62 MiB came back for a 64 MiB slot). Smaller mappings move exactly. vaswap's
 // own accounting (mapped_bytes, bytes_mapped) is asserted exactly beside it.
-void expect_free_change(size_t from, size_t to, int64_t change) {
-  const auto bytes = static_cast<size_t>(std::llabs(change));
+// `mapped`: the bytes of the mappings involved, when they differ from the change (pages kept).
+void expect_free_change(size_t from, size_t to, int64_t change, size_t mapped = 0) {
+  const size_t bytes = mapped != 0 ? mapped : static_cast<size_t>(std::llabs(change));
   const int64_t slack = bytes >= 32 * kMiB ? int64_t{2} << 20 : 0;
   const int64_t moved = static_cast<int64_t>(to) - static_cast<int64_t>(from);
   EXPECT_GE(moved, change - slack) << "free device memory moved by " << moved << ", not " << change;
@@ -458,6 +459,98 @@ TEST_F(Slots, RemapOnlyMapsWithoutCopy) {
   fill(va, 77, 2 * kMiB / 4, stream_);
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(mismatches(read_device(va, 2 * kMiB / 4), 77, 1, 0), 0u);
+}
+
+// Page reuse (vaswap_set_page_reuse): an offload keeps the handle, the next remap of that size maps
+// it. The driver's free memory shows it: kept pages stay allocated, and the remaps that take them
+// allocate nothing.
+struct PageReuse {
+  explicit PageReuse(uint64_t bytes) { EXPECT_EQ(vaswap_set_page_reuse(bytes), VASWAP_OK); }
+  ~PageReuse() { EXPECT_EQ(vaswap_set_page_reuse(0), VASWAP_OK); }
+  PageReuse(const PageReuse&) = delete;
+  PageReuse& operator=(const PageReuse&) = delete;
+};
+
+TEST_F(Slots, KeptPagesServeTheNextRemapOfTheSameSize) {
+  const uint32_t n = 32 * kMiB / 4;
+  vaswap_slot slots[2] = {make_slot(32 * kMiB), make_slot(32 * kMiB)};
+  void* hosts[2] = {make_host(32 * kMiB), make_host(32 * kMiB)};
+  fill(info_of(slots[0]).va, 51, n, stream_);
+  fill(info_of(slots[1]).va, 52, n, stream_);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  const size_t mapped_free = free_bytes(0);
+  {
+    PageReuse reuse(64 * kMiB);
+    VASWAP_OK_(vaswap_offload_after(slots, hosts, 2, stream_));
+    ASSERT_TRUE(wait_released(slots[0]));
+    ASSERT_TRUE(wait_released(slots[1]));
+    EXPECT_EQ(info_of(slots[0]).mapped, 0);
+    // Kept, not given back: released, the 64 MiB would show in the driver's free memory.
+    expect_free_change(mapped_free, free_bytes(0), 0, 64 * kMiB);
+    // Restored in the other order: each takes a kept handle of its size; none is created.
+    VASWAP_OK_(restore(&slots[1], &hosts[1], 1, stream_));
+    VASWAP_OK_(restore(&slots[0], &hosts[0], 1, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    expect_free_change(mapped_free, free_bytes(0), 0, 64 * kMiB);
+    EXPECT_EQ(mismatches(read_device(info_of(slots[0]).va, n), 51, 1, 0), 0u);
+    EXPECT_EQ(mismatches(read_device(info_of(slots[1]).va, n), 52, 1, 0), 0u);
+    // Over the limit the rest goes back: 32 MiB kept of a 64 MiB offload with a 32 MiB limit.
+    VASWAP_OK_(vaswap_set_page_reuse(32 * kMiB));
+    VASWAP_OK_(vaswap_offload_after(slots, hosts, 2, stream_));
+    ASSERT_TRUE(wait_released(slots[0]));
+    ASSERT_TRUE(wait_released(slots[1]));
+    expect_free_change(mapped_free, free_bytes(0), 32 * int64_t{kMiB}, 64 * kMiB);
+  }
+  // The limit back at 0 releases what was kept.
+  expect_free_change(mapped_free, free_bytes(0), 64 * int64_t{kMiB});
+  VASWAP_OK_(restore(slots, hosts, 2, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_EQ(mismatches(read_device(info_of(slots[0]).va, n), 51, 1, 0), 0u);
+  EXPECT_EQ(mismatches(read_device(info_of(slots[1]).va, n), 52, 1, 0), 0u);
+}
+
+TEST_F(Slots, KeptPagesOfAnotherSizeAreNotReusedAndAreNotKeptByDestroy) {
+  vaswap_slot big = make_slot(8 * kMiB);
+  vaswap_slot small = make_slot(4 * kMiB);
+  void* host = make_host(8 * kMiB);
+  PageReuse reuse(64 * kMiB);
+  VASWAP_OK_(vaswap_offload_after(&big, &host, 1, stream_));
+  ASSERT_TRUE(wait_released(big));
+  const size_t kept_free = free_bytes(0);
+  // A 4 MiB slot cannot take the 8 MiB handle: its remap creates one.
+  VASWAP_OK_(vaswap_slot_unmap_and_release(small));
+  const size_t small_kept_free = free_bytes(0);
+  expect_free_change(kept_free, small_kept_free, 0);  // kept too
+  VASWAP_OK_(vaswap_slot_create_and_remap(small));
+  expect_free_change(small_kept_free, free_bytes(0), 0);  // took its own kept 4 MiB back
+  // A destroyed slot's pages go back to the driver even while reuse is on.
+  forget(small);
+  VASWAP_OK_(vaswap_slot_destroy(small));
+  expect_free_change(small_kept_free, free_bytes(0), 4 * int64_t{kMiB});
+}
+
+TEST_F(Slots, KeptPagesGiveWayWhenTheDeviceIsFull) {
+  const auto inject =
+      sim_function<int (*)(const char*, unsigned long long, int)>("vaswapSimInjectFault");
+  if (inject == nullptr) GTEST_SKIP() << "needs the simulator's fault injection";
+  const uint32_t n = 4 * kMiB / 4;
+  vaswap_slot kept = make_slot(8 * kMiB);
+  vaswap_slot other = make_slot(4 * kMiB);
+  void* hosts[2] = {make_host(8 * kMiB), make_host(4 * kMiB)};
+  fill(info_of(other).va, 61, n, stream_);
+  PageReuse reuse(8 * kMiB);  // room for the 8 MiB handle only
+  VASWAP_OK_(vaswap_offload_after(&kept, &hosts[0], 1, stream_));
+  ASSERT_TRUE(wait_released(kept));
+  VASWAP_OK_(vaswap_offload_after(&other, &hosts[1], 1, stream_));
+  ASSERT_TRUE(wait_released(other));
+  const size_t before = free_bytes(0);
+  // The 4 MiB restore needs a new handle and the device says it is full: the kept 8 MiB go back
+  // and the creation is tried again.
+  ASSERT_EQ(inject("cuMemCreate", 1, 2 /* CUDA_ERROR_OUT_OF_MEMORY */), 0);
+  VASWAP_OK_(restore(&other, &hosts[1], 1, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  expect_free_change(before, free_bytes(0), 4 * int64_t{kMiB});  // +8 released, -4 mapped
+  EXPECT_EQ(mismatches(read_device(info_of(other).va, n), 61, 1, 0), 0u);
 }
 
 TEST_F(Slots, AdoptedPagesSurviveRemapDestroy) {

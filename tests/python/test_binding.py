@@ -94,6 +94,27 @@ def test_offload_and_restore_keep_address_and_bytes():
 
 
 @needs_sim
+def test_page_reuse_keeps_the_pages_for_the_next_remap():
+    slot, host, data = filled_slot(4 * MiB, 9)
+    free_mapped, _ = vaswap.memory_info(0)
+    vaswap.set_page_reuse(4 * MiB)
+    try:
+        vaswap.offload_after([slot], [host])
+        assert wait_for(lambda: released(slot))
+        assert vaswap.memory_info(0)[0] == free_mapped  # kept, not given back
+        with vaswap.remap_and_copy_after([slot], [host]) as remap:
+            remap.wait()
+            remap.adopt()
+        assert vaswap.memory_info(0)[0] == free_mapped  # the kept handle, no new one
+        assert ctypes.string_at(slot.address, len(data)) == data
+        vaswap.offload_after([slot], [host])
+        assert wait_for(lambda: released(slot))
+    finally:
+        vaswap.set_page_reuse(0)
+    assert vaswap.memory_info(0)[0] - free_mapped == 4 * MiB  # released with the limit
+
+
+@needs_sim
 def test_deferred_remap_copies_only_when_launched():
     slot, host, data = filled_slot(2 * MiB, 99)
     vaswap.offload_after([slot], [host])
