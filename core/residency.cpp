@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -844,9 +845,10 @@ void Residency::refresh_budget(Device& d) {
     ContextScope scope(driver, d.context);
     rc = driver.cuMemGetInfo(&free_bytes, &total_bytes);
   }
-  if (rc != CUDA_SUCCESS) return;  // keep the last figure
+  if (rc != CUDA_SUCCESS) return;                         // keep the last figure
+  const uint64_t kept = engine().spare_bytes(d.ordinal);  // reusable by slots: not the program's
   std::lock_guard<std::mutex> lock(mutex_);
-  d.limit = free_bytes + d.physical;
+  d.limit = free_bytes + d.physical + kept;
   d.reserve = reserve_locked(d);
 }
 
@@ -1375,10 +1377,21 @@ uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
   // a capture is open) become evictable within moments: the program's allocation waits for them
   // a little (at most a second, or residency.wait_limit if shorter) before it fails.
   const uint64_t start = trace::now_ns();
+  // Handles kept for reuse go first: releasing them copies nothing. Evicted pages would be kept
+  // too, so they are released again once the evictions are done.
+  uint64_t trimmed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (devices_.count(ordinal) == 0) return 0;
+  }
+  trimmed = engine().trim_spares(ordinal, 0);
+  if (trimmed >= bytes) return trimmed;
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     bool busy_slots = false;
-    const uint64_t freed = make_room_once(ordinal, bytes, &busy_slots);
+    uint64_t freed = make_room_once(ordinal, bytes - trimmed, &busy_slots);
+    engine().trim_spares(ordinal, 0);
+    freed += trimmed;
     uint64_t limit = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -1784,6 +1797,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   // copies out of the pages it maps.
   for (int attempt = 0;; ++attempt) {
     bool ready = false;
+    std::optional<uint64_t> trim_to;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       Entry* e = by_id_locked(job.slot);
@@ -1802,11 +1816,21 @@ void Residency::do_restore(Device& d, const Job& job) {
           return;
         }
         // A size budget caps what slots hold at once. The auto one moves with the program's own
-        // allocations: the device says whether there is room (cuMemCreate).
+        // allocations: the device says whether there is room (cuMemCreate). Either way, handles
+        // kept from evictions (a restore of the same size maps one: its copy then runs at the
+        // link's speed, docs/PERFORMANCE.md) count within the budget: they are released first
+        // when this restore needs their room.
+        const uint64_t budget = budget_locked(d).target;
+        const uint64_t kept = engine().spare_bytes(d.ordinal);
+        const uint64_t adds = engine().has_spare(d.ordinal, e->pages) ? 0 : e->pages;
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
+        if (ready && d.physical + kept + adds > budget) {
+          trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;
+        }
         if (ready) ++e->busy;
       }
     }
+    if (trim_to) engine().trim_spares(d.ordinal, *trim_to);
     if (ready) {
       // Map: pages are never visible before their data (DESIGN.md invariant 10): the copy
       // follows at once on the restore stream, and nothing waiting for the slot runs before it
@@ -2176,6 +2200,7 @@ void Residency::run_unmapper(Device& d) {
     driver.cuEventElapsedTime(&ms, unmap.start, unmap.done);
     Slot* slot = nullptr;
     CUdeviceptr slot_va = 0;
+    bool keep = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       d.spare_events.push_back(unmap.start);
@@ -2186,6 +2211,10 @@ void Residency::run_unmapper(Device& d) {
         ++e->busy;
         slot = e->slot;
         slot_va = slot->va;
+        // Kept for the next restore of this size only while what slots hold, mapped or kept,
+        // stays within the budget's target (the auto one leaves the reserve free): keeping moves
+        // the pages from mapped to kept, so the sum is what it was.
+        keep = d.physical + engine().spare_bytes(d.ordinal) <= budget_locked(d).target;
       }
     }
     if (unmap.copied) {
@@ -2213,7 +2242,7 @@ void Residency::run_unmapper(Device& d) {
     std::string failure;
     const CUresult unmapped = with_retries([&] {
       try {
-        engine().unback(slot, BatchTiming{unmap.slot, 0, trace::us_since(unmap.queued_ns)});
+        engine().unback(slot, BatchTiming{unmap.slot, 0, trace::us_since(unmap.queued_ns)}, keep);
         return CUDA_SUCCESS;
       } catch (const Error& error) {
         failure = error.what();

@@ -6,8 +6,12 @@
 #include <cuda.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -16,6 +20,7 @@
 #include "../sim/tests/sim_test.h"
 #include "engine.h"
 #include "residency.h"
+#include "trace.h"
 
 namespace vaswap {
 namespace {
@@ -332,6 +337,71 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
   EXPECT_EQ(vaswapSimPhysicalBytes(0), before - 2 * kPage);
   expect_holds(a, 1);
   expect_holds(b, 2);
+}
+
+// Page reuse under residency: an eviction keeps its handle, and the next restore of that size maps
+// it instead of a new one (its copy then runs at the link's speed on the H200). Kept handles count
+// within the budget: what the device holds for slots, mapped or kept, never exceeds it. The trace
+// says which maps reused a kept handle.
+TEST_F(ResidencyTest, EvictedPagesAreKeptForTheNextRestoreWithinTheBudget) {
+  const std::string path =
+      ::testing::TempDir() + "/residency_reuse_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(path.c_str());
+  std::string error;
+  ASSERT_TRUE(trace::open(path, &error)) << error;
+  configure(2 * kPage);
+  const unsigned long long base = vaswapSimPhysicalBytes(0);
+  std::vector<Slot*> slots;
+  for (uint32_t i = 0; i < 4; ++i) slots.push_back(make_slot());
+  for (int round = 0; round < 3; ++round) {
+    for (uint32_t i = 0; i < 4; ++i) {
+      if (round == 0) {
+        fill(slots[i], 300 + i);
+      } else {
+        expect_holds(slots[i], 300 + i);
+      }
+      ASSERT_CU(cuStreamSynchronize(stream_));
+      EXPECT_LE(vaswapSimPhysicalBytes(0) - base, 2 * kPage) << "round " << round << " slot " << i;
+    }
+  }
+  trace::close();
+  std::ifstream in(path);
+  std::string line;
+  int reused = 0, kept = 0, remaps = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"ev\":\"remap\"") != std::string::npos) {
+      ++remaps;
+      reused += line.find("\"reused\":true") != std::string::npos ? 1 : 0;
+    }
+    if (line.find("\"ev\":\"release\"") != std::string::npos) {
+      kept += line.find("\"kept\":true") != std::string::npos ? 1 : 0;
+    }
+  }
+  std::remove(path.c_str());
+  EXPECT_GE(kept, 8) << "evictions keep their handles";
+  EXPECT_GE(reused, 8) << "of " << remaps << " maps, few took a kept handle";
+  EXPECT_GE(residency::stats().evictions, 8u);
+}
+
+// The program's own out-of-memory takes kept handles first (nothing to copy), and pages evicted
+// for it are not kept.
+TEST_F(ResidencyTest, TheProgramsOutOfMemoryReleasesKeptPagesFirst) {
+  configure(1 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  fill(a, 11);
+  fill(b, 12);  // a leaves; its handle is kept, within the one-page budget only once b's is
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({a}, false);
+  const unsigned long long before = vaswapSimPhysicalBytes(0);
+  const uint64_t kept = engine().spare_bytes(0);
+  // Asks for more than the kept bytes: b is evicted too, and its handle goes back as well.
+  EXPECT_EQ(residency::make_room(0, kept + kPage), kept + kPage);
+  EXPECT_FALSE(mapped(b));
+  EXPECT_EQ(engine().spare_bytes(0), 0u);
+  EXPECT_EQ(vaswapSimPhysicalBytes(0), before - kept - kPage);
+  expect_holds(a, 11);
+  expect_holds(b, 12);
 }
 
 // The device handshake (asked for; device 6, started with it): a slot comes back for a kernel,

@@ -76,15 +76,22 @@ assert not blocked, f"{len(blocked)} host waits for a restore in steady state"
 summary = first("summary")
 assert summary["peak_resident"] <= 40 << 20 and summary["handshake"] == "device", summary
 last = max(e["t_ns"] for e in ev if e["ev"] == "graph_launch")
+# Pages that left went back to the driver (cuMemGetInfo shows them free) or were kept for the next
+# restore of their size (release events with "kept"): residency keeps them only within the
+# budget, so the device may show nothing freed. Either way some left, and never more than all.
 samples = [e for e in ev if e["ev"] == "mem_sample"]
 before = [e["free"] for e in samples if e["t_ns"] <= plan["t_ns"]][-1]
 during = [e["free"] for e in samples if plan["t_ns"] < e["t_ns"] <= last]
-freed = max(during) - before
+freed = max(during + [before]) - before
 slot_pages = 32 * (2 << 20)  # 32 captured 1 MiB buffers, one 2 MiB granule each
-assert 0 < freed <= slot_pages, (freed, plan["peak_bytes"])
+kept = sum(1 for e in ev if e["ev"] == "release" and e.get("kept"))
+reused = sum(1 for e in ev if e["ev"] == "remap" and e.get("reused"))
+assert 0 <= freed <= slot_pages, (freed, plan["peak_bytes"])
+assert freed > 0 or (kept > 0 and reused > 0), (freed, kept, reused)
 windows, peak = plan["windows"], plan["peak_bytes"] >> 20
 print(f"     plan: {windows} windows, {peak} MiB away at once; cuMemGetInfo: {freed >> 20} MiB "
-      f"more free during the steps; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored")
+      f"more free during the steps; {kept} evictions kept their pages, {reused} restores reused "
+      f"them; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored")
 '
 
 # 1b. The same plan with the default (host) handshake: the same checksum (plain_and_vaswap), the
