@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamSynchronize(a));
 
   std::vector<double> raw_d2h, raw_h2d, vs_d2h, vs_h2d, raw_bi, vs_bi, freed_us, ahead_h2d,
-      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi, fresh_h2d;
+      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi, fresh_h2d, kept_h2d, kept_bi;
   for (int r = 0; r < reps; ++r) {
     raw_d2h.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyDeviceToHost, a); }));
     raw_h2d.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyHostToDevice, a); }));
@@ -299,6 +299,22 @@ int main(int argc, char** argv) {
     fresh_h2d.push_back(
         timed_ms(a, [&] { raw_slot_copies(one, bytes, cudaMemcpyHostToDevice, a); }));
     CHECK_CUDA(cudaDeviceSynchronize());
+    // The planner's pattern again with page reuse (vaswap_set_page_reuse): each restore maps the
+    // handles its offload kept instead of new ones.
+    CHECK_VASWAP(vaswap_set_page_reuse(2 * static_cast<uint64_t>(count) * bytes));
+    offload(one, a);
+    remap = remap_ahead(one, a);
+    kept_h2d.push_back(timed_ms(a, [&] { launch_copies(remap, one.slots.size(), a); }));
+    finish(remap);
+    offload(two, b);
+    remap = remap_ahead(two, b);
+    kept_bi.push_back(bidirectional_ms(
+        a, b, [&] { offload(one, a); }, [&] { launch_copies(remap, two.slots.size(), b); }));
+    finish(remap);
+    wait_released(one.slots);
+    restore(one, a);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_VASWAP(vaswap_set_page_reuse(0));
     if (std::getenv("SLOT_BENCH_DIAG") != nullptr) {
       // Which part of a restore-copy submission holds the H2D back behind an offload's D2H on
       // another stream (docs/PERFORMANCE.md)? Each variant times both directions at once.
@@ -473,12 +489,16 @@ int main(int argc, char** argv) {
       {"H2D raw cudaMemcpyAsync (the slots' memory, pages mapped just before)",
        gbps(fresh_h2d, set_gb), "GB/s", h2d, sh2d},
       {"H2D vaswap restore copies (remapped ahead)", gbps(ahead_h2d, set_gb), "GB/s", h2d, sh2d},
+      {"H2D vaswap restore copies (remapped ahead, kept pages: vaswap_set_page_reuse)",
+       gbps(kept_h2d, set_gb), "GB/s", h2d, sh2d},
       {"H2D vaswap_remap_and_copy_after (cold: remap on the path)", gbps(vs_h2d, set_gb), "GB/s",
        h2d, sh2d},
       {"both raw (cudaMalloc memory)", bi, "GB/s", 0, 0},
       {"both raw (the slots' memory)", sbi, "GB/s", 0, 0},
       {"both vaswap: offload + restore copies (remapped ahead)", gbps(ahead_bi, 2 * set_gb), "GB/s",
        bi, sbi},
+      {"both vaswap: offload + restore copies (remapped ahead, kept pages)",
+       gbps(kept_bi, 2 * set_gb), "GB/s", bi, sbi},
       {"both vaswap: restore copies submitted first, then offload",
        gbps(ahead_bi_swapped, 2 * set_gb), "GB/s", bi, sbi},
       {"both vaswap: offload + remap_and_copy (cold)", gbps(vs_bi, 2 * set_gb), "GB/s", bi, sbi},
