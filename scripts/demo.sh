@@ -2,8 +2,9 @@
 # README's main-job command. Sets up what is missing, builds, and runs the layered-graph demo under
 # vaswap (scripts/vaswap run): on the GPU when one is present (the demo built with nvcc, cudart
 # linked statically, so vaswap sees it through its driver-level hooks), otherwise on vaswap's
-# simulated device. Arguments go to the demo (scripts/demo.sh --help). Afterwards it says what
-# vaswap saw, from the trace (build/demo_trace.jsonl).
+# simulated device. Arguments go to the demo (scripts/demo.sh --help). Without arguments, on the
+# simulator, the device is made too small for the demo (100 MiB) so that vaswap has to offload.
+# Afterwards it says what vaswap saw, from the trace (build/demo_trace.jsonl).
 #
 # VASWAP_CONF is passed on; unless it says otherwise, buffers of 1 MiB and up made during a
 # capture become slots (the demo's buffers are 1 MiB by default), vaswap samples the device's
@@ -43,6 +44,20 @@ else
   [[ -n "$conf_given" ]] || VASWAP_CONF+=",schedule.model=given,schedule.h2d_gbps=55,schedule.d2h_gbps=55,schedule.remap_latency=600us"
   export LD_LIBRARY_PATH=build/plain/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   demo=(build/plain/bin/train_layers)
+  # What people offload for: a job that does not fit. With the demo's own sizes (8 layers of 1 MiB
+  # buffers: 64 MiB of slots and 66 MiB of its own) the simulated device gets 100 MiB, where the
+  # demo alone runs out of memory; vaswap's default budget then evicts and restores every step.
+  # Given arguments or VASWAP_SIM_DEVICE_MEMORY, the device is left as asked (16 GiB by default).
+  if [[ $# -eq 0 && -z ${VASWAP_SIM_DEVICE_MEMORY:-} ]]; then
+    export VASWAP_SIM_DEVICE_MEMORY=100MiB
+    set -- --steps 20
+    if "${demo[@]}" --quiet "$@" >/dev/null 2>&1; then
+      echo "vaswap demo: the demo fits a 100 MiB simulated device without vaswap (unexpected)"
+    else
+      echo "vaswap demo: on a simulated device of 100 MiB the demo alone runs out of memory" \
+        "(it needs ~130 MiB); now under vaswap:"
+    fi
+  fi
 fi
 
 status=0
