@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define VASWAP_VERSION_MAJOR 0
-#define VASWAP_VERSION_MINOR 1
+#define VASWAP_VERSION_MINOR 2
 #define VASWAP_VERSION_PATCH 0
 
 typedef enum vaswap_status {
