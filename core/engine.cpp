@@ -175,6 +175,30 @@ bool Engine::has_spare(int ordinal, size_t bytes) {
   return d.spare.count(bytes) != 0;
 }
 
+namespace {
+
+// The calling thread's capture mode relaxed for a scope: releasing kept handles happens on the
+// application's thread (its out-of-memory path, vaswap_set_page_reuse), where a cuMemRelease in
+// the global mode would invalidate another thread's global capture (DESIGN.md invariant 5).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver& driver) : driver_(driver) {
+    changed_ = driver_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (changed_) driver_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const Driver& driver_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool changed_ = false;
+};
+
+}  // namespace
+
 uint64_t Engine::trim_spares(int ordinal, uint64_t keep) {
   Device& d = device(ordinal);
   {
@@ -182,6 +206,7 @@ uint64_t Engine::trim_spares(int ordinal, uint64_t keep) {
     if (d.spare_bytes <= keep) return 0;
   }
   ContextScope scope(driver_, d.context);
+  RelaxedCapture relaxed(driver_);
   auto lock = driver_call_lock();
   return release_spares(d, keep);
 }
@@ -197,9 +222,7 @@ uint64_t Engine::set_page_reuse(uint64_t bytes) {
   }
   uint64_t released = 0;
   for (Device* d : known) {
-    ContextScope scope(driver_, d->context);
-    auto lock = driver_call_lock();
-    released += release_spares(*d, bytes);
+    released += trim_spares(d->ordinal, bytes);
   }
   return released;
 }
