@@ -10,7 +10,8 @@
 // the host waits up to 50 ms for each. A stream whose work does not run shares a hardware queue
 // with the parked one. Repeated with high-priority streams created after the parked one, and with
 // the other streams created before it. The answer decides when a device-side handshake can park
-// an application stream without stalling vaswap's copies (docs/PLANNER.md, "Handshakes").
+// an application stream without stalling vaswap's copies (docs/PLANNER.md, "Handshakes"). The
+// kernel is loaded before anything parks, unless PARK_PROBE_LAZY=1.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -105,6 +106,13 @@ int many_streams() {
   unsigned* counter = nullptr;
   cudaMalloc(reinterpret_cast<void**>(&counter), 4);
   unsigned value = 0;
+  // Load the kernel before any stream parks: with lazy loading (CUDA_MODULE_LOADING=LAZY, the
+  // default), a kernel's first launch loads its module, which may wait for the whole context,
+  // parked stream included. PARK_PROBE_LAZY=1 skips this, to show that.
+  if (std::getenv("PARK_PROBE_LAZY") == nullptr) {
+    spin<<<1, 32>>>(counter);
+    cudaDeviceSynchronize();
+  }
   int least = 0, greatest = 0;
   cudaDeviceGetStreamPriorityRange(&least, &greatest);
 
