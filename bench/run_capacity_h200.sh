@@ -4,9 +4,11 @@
 # (per-layer graphs with one shared pool, and with a pool per layer).
 #
 # How the memory is limited: each program first holds all but LIMIT of the device's free memory,
-# before it builds anything (graphed_layers --limit-gib: one block of PyTorch's, made outside any
-# capture, which the default policy never makes a slot; train_layers --limit-mib: cudaMallocAsync,
-# which vaswap never makes a slot). To the job and to vaswap's auto budget the GPU is LIMIT large.
+# before it builds anything (graphed_layers --limit-gib and train_layers --limit-mib: one
+# cudaMallocAsync block, which vaswap never makes a slot whatever the policy, so EXTRA_CONF may set
+# selection.captured_only=false). To the job and to vaswap's auto budget the GPU is LIMIT large.
+# (The PyTorch runs in bench/results/capacity, run1 to run4, held torch.empty instead: a cudaMalloc
+# outside any capture, which only the default selection leaves alone.)
 #
 # For each program:
 #   1. L0, the most layers without vaswap: probes up from 1 (doubling, then halving the gap),

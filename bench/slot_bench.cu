@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamSynchronize(a));
 
   std::vector<double> raw_d2h, raw_h2d, vs_d2h, vs_h2d, raw_bi, vs_bi, freed_us, ahead_h2d,
-      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi, fresh_h2d, kept_h2d, kept_bi;
+      ahead_bi, ahead_bi_swapped, slot_d2h, slot_h2d, slot_bi, fresh_h2d, kept_h2d, kept_bi,
+      kept_cold;
   for (int r = 0; r < reps; ++r) {
     raw_d2h.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyDeviceToHost, a); }));
     raw_h2d.push_back(timed_ms(a, [&] { raw_copies(one, bytes, cudaMemcpyHostToDevice, a); }));
@@ -313,6 +314,11 @@ int main(int argc, char** argv) {
     finish(remap);
     wait_released(one.slots);
     restore(one, a);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    // A cold restore (the remap on the path) into kept pages.
+    offload(one, a);
+    wait_released(one.slots);
+    kept_cold.push_back(timed_ms(a, [&] { restore(one, a); }));
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_VASWAP(vaswap_set_page_reuse(0));
     if (std::getenv("SLOT_BENCH_DIAG") != nullptr) {
@@ -493,6 +499,8 @@ int main(int argc, char** argv) {
        gbps(kept_h2d, set_gb), "GB/s", h2d, sh2d},
       {"H2D vaswap_remap_and_copy_after (cold: remap on the path)", gbps(vs_h2d, set_gb), "GB/s",
        h2d, sh2d},
+      {"H2D vaswap_remap_and_copy_after (cold, kept pages)", gbps(kept_cold, set_gb), "GB/s", h2d,
+       sh2d},
       {"both raw (cudaMalloc memory)", bi, "GB/s", 0, 0},
       {"both raw (the slots' memory)", sbi, "GB/s", 0, 0},
       {"both vaswap: offload + restore copies (remapped ahead)", gbps(ahead_bi, 2 * set_gb), "GB/s",

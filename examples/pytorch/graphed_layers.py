@@ -13,6 +13,7 @@ attention takes the math path, so the same command gives the same losses on the 
 """
 
 import argparse
+import ctypes
 import json
 import os
 import time
@@ -20,6 +21,28 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
+
+
+def hold_device_memory(nbytes):
+    """Takes nbytes of device memory for the life of the process, outside PyTorch's allocator and
+    outside anything vaswap could make a slot, whatever its policy: cudaMallocAsync from the
+    default pool (stream-ordered allocations are never slots). To the job and to vaswap's auto
+    budget the GPU is then that much smaller."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            cudart = ctypes.CDLL(name)  # the one torch loaded, found by its soname
+            break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError("--limit-gib: no libcudart found for cudaMallocAsync")
+    pointer = ctypes.c_void_p()
+    rc = cudart.cudaMallocAsync(ctypes.byref(pointer), ctypes.c_size_t(nbytes), None)
+    if rc == 0:
+        rc = cudart.cudaStreamSynchronize(None)
+    if rc != 0:
+        raise RuntimeError(f"--limit-gib: cudaMallocAsync of {nbytes} bytes failed with error {rc}")
+    return pointer
 
 
 def main():
@@ -39,7 +62,8 @@ def main():
                    help="hold a cudaMalloc'd block of this size first, moving every later segment")
     p.add_argument("--limit-gib", type=float, default=0,
                    help="leave the job this much device memory: hold the rest of what is free "
-                        "(one cudaMalloc'd block, made before the model) as a smaller GPU would")
+                        "(one cudaMallocAsync block, made before the model, never a slot) as a "
+                        "smaller GPU would")
     p.add_argument("--graph", choices=("per-layer", "whole"), default="per-layer",
                    help="per-layer: one forward and one backward graph per layer (the default); "
                         "whole: all layers graphed together, one graph each way")
@@ -64,7 +88,7 @@ def main():
     if args.limit_gib > 0:
         free, _ = torch.cuda.mem_get_info()
         held = max(0, free - int(args.limit_gib * 2**30))
-        hold = torch.empty(held, dtype=torch.uint8, device=device)  # noqa: F841
+        hold_device_memory(held)
 
     layers = [
         torch.nn.TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, dropout=0.0,
