@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "callsite.h"
@@ -154,6 +155,7 @@ struct ExecFacts {
   std::vector<Slot*> slots;  // what the planner makes resident before each launch
   bool opaque = false;
   const char* why_opaque = "";
+  bool launched = false;  // launched before: its upload is done (first-time work, settle)
 };
 
 struct Tables {
@@ -165,6 +167,8 @@ struct Tables {
   // Kernel parameter layouts (offset, size), by function, for scanning eager launches.
   std::mutex layouts_mutex;
   std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> layouts;
+  // Kernels launched at least once, kept only while the device handshake is in use (settle).
+  std::unordered_set<const void*> launched_functions;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
   std::atomic<int> captures_open{0};  // live captures: copies and memsets into slots are checked
@@ -298,15 +302,20 @@ void say_summary() {
       "back (cuMemGetInfo); residency budget {:.0f} MiB, slots held at most {:.0f} MiB; {} "
       "evictions ({} for room, {} planned, {} for the program's own allocations); {} launches "
       "refused for want of memory; {} handshake; host waited {:.1f} ms for restores ({} waits, "
-      "{} slots on demand) and {:.1f} ms for the pages of copies and memsets ({} waits); {} guard "
-      "hits; {} deviations; {} errors{}",
+      "{} slots on demand) and {:.1f} ms for the pages of copies and memsets ({} waits){}; {} "
+      "guard hits; {} deviations; {} errors{}",
       t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
       static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
       static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
       static_cast<double>(r.budget_bytes) / mib, static_cast<double>(r.peak_resident) / mib,
       r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.oom_launches,
       r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls, p.on_demand_restores,
-      p.map_wait_us / 1e3, p.map_waits, p.guard_hits, p.deviations, s.errors, trace_lost);
+      p.map_wait_us / 1e3, p.map_waits,
+      r.device_handshake ? fmt::format("; first-time work waited {:.1f} ms for parked streams ({} "
+                                       "waits)",
+                                       r.settle_wait_us / 1e3, r.settle_waits)
+                         : std::string(),
+      p.guard_hits, p.deviations, s.errors, trace_lost);
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
       .add("slots", t.slots.load())
@@ -328,6 +337,8 @@ void say_summary() {
       .add("waits", p.stalls)
       .add("map_wait_us", p.map_wait_us)
       .add("map_waits", p.map_waits)
+      .add("settle_waits", r.settle_waits)
+      .add("settle_wait_us", r.settle_wait_us)
       .add("on_demand", p.on_demand_restores)
       .add("guard_hits", p.guard_hits)
       .add("deviations", p.deviations)
@@ -746,11 +757,13 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
   stream = stream_of(call, stream);
   ExecFacts facts;
   bool capturing = false;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     auto it = t.execs.find(exec);
     if (it != t.execs.end()) {
       facts = it->second;
+      first = !it->second.launched;
     } else {
       // Instantiated where vaswap did not see it: nothing is known of what it uses.
       facts.opaque = true;
@@ -770,7 +783,23 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
   }
   // A launch into a capturing stream becomes a node of that graph; nothing runs now.
   if (capturing) return Ticket{};
-  return planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
+  Ticket ticket = planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
+  if (first && ticket.result == CUDA_SUCCESS) {
+    // Its first launch uploads the graph. With the device handshake, not while a stream (this
+    // one included, just now) is parked: that hangs on the H200.
+    if (residency::parks_streams()) {
+      const CUresult rc = settle(call, "the first launch of a graph");
+      if (rc != CUDA_SUCCESS) {
+        residency::used(ticket.acquired);  // nothing will run: only the slots' pins go
+        ticket.acquired = residency::Acquired{};
+        ticket.result = rc;
+        return ticket;
+      }
+    }
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (auto it = t.execs.find(exec); it != t.execs.end()) it->second.launched = true;
+  }
+  return ticket;
 }
 
 void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const Ticket& ticket,
@@ -870,6 +899,27 @@ bool eager_wanted() {
 bool access_wanted() { return tables().slots.load(std::memory_order_relaxed) != 0; }
 
 void eager_done(const Ticket& ticket) { planner::after_eager(ticket); }
+
+bool first_launch(const void* function) {
+  if (function == nullptr || !residency::parks_streams()) return false;
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.launched_functions.insert(function).second;
+}
+
+bool settles() { return residency::parks_streams(); }
+
+CUresult settle(const Call& call, const char* work) {
+  std::string why;
+  const CUresult rc = residency::settle(std::string(work) + " (" + call.symbol + ")", &why);
+  if (rc != CUDA_SUCCESS) {
+    log().error("{}; the call returns {}", why, cuda_error_name(rc));
+    if (trace::enabled()) {
+      record(trace::Event::error, call).add("code", cuda_error_name(rc)).add("message", why).emit();
+    }
+  }
+  return rc;
+}
 
 Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
   const Driver* driver = load_driver(nullptr);

@@ -148,6 +148,19 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
 void eager_done(const Ticket& ticket);
 
 // ---------------------------------------------------------------------------------------------
+// First-time work and the device handshake
+// ---------------------------------------------------------------------------------------------
+
+// True when `function` (a runtime host stub or a CUfunction) is launched for the first time while
+// the device handshake is in use (residency::parks_streams). One relaxed load otherwise.
+bool first_launch(const void* function);
+// True while the device handshake is in use: an instantiation settles first.
+bool settles();
+// First-time work waits on the host until no stream is parked on a restore
+// (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log.
+CUresult settle(const Call& call, const char* work);
+
+// ---------------------------------------------------------------------------------------------
 // Device state
 // ---------------------------------------------------------------------------------------------
 

@@ -307,6 +307,8 @@ class Residency {
     close_mark(key_of(stream));
   }
   Stats stats();
+  bool parks_streams() const { return parks_.load(std::memory_order_acquire); }
+  CUresult settle(const std::string& what, std::string* why);
 
  private:
   // *_locked: under mutex_, no driver calls.
@@ -414,7 +416,8 @@ class Residency {
   bool said_fallback_ = false;
 
  public:
-  std::atomic<int> captures_{0};  // captures open in the process (the preload's count)
+  std::atomic<int> captures_{0};    // captures open in the process (the preload's count)
+  std::atomic<bool> parks_{false};  // some device uses the device handshake
 };
 
 Residency& the() {
@@ -512,6 +515,7 @@ void Residency::start_device(Device& d) {
     if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(d.restore);
     if (rc == CUDA_SUCCESS) {
       d.device_handshake = true;
+      parks_.store(true, std::memory_order_release);
     } else {
       fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
                  cuda_error_name(rc) + ")";
@@ -1543,6 +1547,47 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
   return CUDA_SUCCESS;
 }
 
+// First-time work (a kernel's or a graph's first launch, an instantiation) may need the whole
+// context: lazy module loading and graph upload do. On the H200 it hangs while a stream is parked
+// on a flag, and the flag's writer never runs (docs/PLANNER.md, "Handshakes"). Such work waits
+// here, on the host, until every flag a stream waits for is written. Once everything has run once
+// nothing waits. The flags are written by the device, so the wait polls them (20 us, doubling to
+// 1 ms), bounded by residency.wait_limit.
+CUresult Residency::settle(const std::string& what, std::string* why) {
+  const uint64_t start = trace::now_ns();
+  auto pause = std::chrono::microseconds(20);
+  bool waited = false;
+  for (;;) {
+    uint64_t limit = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<StreamKey> keys;
+      keys.reserve(parked_.size());
+      for (const auto& entry : parked_) keys.push_back(entry.first);
+      bool any = false;
+      for (const StreamKey& key : keys) any = parked_locked(key) || any;
+      if (!any) {
+        if (waited) {
+          ++stats_.settle_waits;
+          stats_.settle_wait_us += trace::us_since(start);
+        }
+        return CUDA_SUCCESS;
+      }
+      limit = settings_.wait_limit_ns;
+    }
+    waited = true;
+    if (trace::now_ns() - start > limit) {
+      *why = what + " waited " + std::to_string(limit / 1000000) +
+             " ms (residency.wait_limit) for streams parked on restores that did not land; "
+             "first-time work cannot run while a stream is parked (docs/PLANNER.md, "
+             "\"Handshakes\")";
+      return CUDA_ERROR_LAUNCH_TIMEOUT;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
 Stats Residency::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
@@ -2304,5 +2349,7 @@ CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message)
   return the().back_for_capture(slots, message);
 }
 Stats stats() { return the().stats(); }
+bool parks_streams() { return the().parks_streams(); }
+CUresult settle(const std::string& what, std::string* why) { return the().settle(what, why); }
 
 }  // namespace vaswap::residency

@@ -142,8 +142,20 @@ struct Stats {
   double map_wait_us = 0;
   uint64_t host_bytes = 0;        // pinned bytes held for evicted slots
   bool device_handshake = false;  // stream memory operations in use
+  uint64_t settle_waits = 0;      // first-time work that waited for parked streams (settle)
+  double settle_wait_us = 0;
 };
 Stats stats();
+
+// Device handshake: true once a device's launches wait for restores on the device, so that
+// streams may be parked on flags.
+bool parks_streams();
+// Waits on the host until no stream is parked on a restore that has not landed. Called before
+// first-time work (a kernel's or a graph's first launch, an instantiation): lazy module loading
+// and graph upload wait for the whole context, and on the H200 hang while a stream is parked
+// (docs/PLANNER.md, "Handshakes"). Bounded by residency.wait_limit: past it,
+// CUDA_ERROR_LAUNCH_TIMEOUT, and `why` says what waited for what.
+CUresult settle(const std::string& what, std::string* why);
 
 }  // namespace residency
 }  // namespace vaswap

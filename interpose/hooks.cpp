@@ -188,6 +188,7 @@ R to_status(CUresult rc) {
       case CUDA_SUCCESS: return cudaSuccess;
       case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
       case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+      case CUDA_ERROR_LAUNCH_TIMEOUT: return cudaErrorLaunchTimeout;
       default: return cudaErrorUnknown;
     }
   } else {
@@ -213,6 +214,18 @@ R launch_with_room(const Call& call, Real&& real) {
     }
   }
   return rc;
+}
+
+// Device handshake: a kernel's first launch (lazy module loading) waits on the host until no
+// stream is parked on a restore (intercept::settle); false, with the error in `rc`, when that
+// wait ran out. Called after the launch's own slots are made resident (that may park its stream).
+template <class R>
+bool settled(const Call& call, const void* function, R* rc) {
+  if (!intercept::first_launch(function)) return true;
+  const CUresult settled_rc = intercept::settle(call, "the first launch of a kernel");
+  if (settled_rc == CUDA_SUCCESS) return true;
+  *rc = to_status<R>(settled_rc);
+  return false;
 }
 
 template <class Fn>
@@ -376,6 +389,13 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
   R operator()(CUgraphExec* exec, CUgraph graph, Rest rest) const {
     if (!handle()) return real(exec, graph, rest);
     Scope scope;
+    // Instantiating loads the graph's kernels: not while a stream is parked (device handshake).
+    if (intercept::settles()) {
+      if (const CUresult settled_rc = intercept::settle(call, "an instantiation");
+          settled_rc != CUDA_SUCCESS) {
+        return to_status<R>(settled_rc);
+      }
+    }
     const R rc = real(exec, graph, rest);
     if (rc == R{} && exec != nullptr) intercept::instantiated(call, *exec, graph);
     return rc;
@@ -509,13 +529,21 @@ struct LaunchKernel<R (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)
   Call call;
   R operator()(const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                cudaStream_t stream) const {
-    if (!handle() || !intercept::eager_wanted())
+    if (!handle()) return real(func, grid, block, args, shared, stream);
+    R rc{};
+    if (!intercept::eager_wanted()) {
+      if (!settled(call, func, &rc)) return rc;
       return real(func, grid, block, args, shared, stream);
+    }
     Scope scope;
     const auto ticket =
         intercept::eager_kernel(call, stream, {func, &runtime_param_info}, args, nullptr);
     if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    const R rc = real(func, grid, block, args, shared, stream);
+    if (!settled(call, func, &rc)) {
+      intercept::eager_done(ticket);
+      return rc;
+    }
+    rc = real(func, grid, block, args, shared, stream);
     intercept::eager_done(ticket);
     return rc;
   }
@@ -526,14 +554,21 @@ struct LaunchKernel<R (*)(const cudaLaunchConfig_t*, const void*, void**)> {
   R (*real)(const cudaLaunchConfig_t*, const void*, void**);
   Call call;
   R operator()(const cudaLaunchConfig_t* config, const void* func, void** args) const {
-    if (!handle() || !intercept::eager_wanted() || config == nullptr) {
+    if (!handle() || config == nullptr) return real(config, func, args);
+    R rc{};
+    if (!intercept::eager_wanted()) {
+      if (!settled(call, func, &rc)) return rc;
       return real(config, func, args);
     }
     Scope scope;
     const auto ticket =
         intercept::eager_kernel(call, config->stream, {func, &runtime_param_info}, args, nullptr);
     if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    const R rc = real(config, func, args);
+    if (!settled(call, func, &rc)) {
+      intercept::eager_done(ticket);
+      return rc;
+    }
+    rc = real(config, func, args);
     intercept::eager_done(ticket);
     return rc;
   }
@@ -551,12 +586,22 @@ struct LaunchKernel<R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, un
     const auto forward = [&] {
       return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     };
-    if (!handle() || !intercept::eager_wanted()) return launch_with_room<R>(call, forward);
+    R rc{};
+    if (!handle() || !intercept::eager_wanted()) {
+      // Also from inside a runtime launch (its hook settled for the host stub; this is the
+      // function cudart loads): no stream is parked then, so this returns at once.
+      if (intercept::on() && !settled(call, f, &rc)) return rc;
+      return launch_with_room<R>(call, forward);
+    }
     Scope scope;
     const auto ticket =
         intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
     if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    const R rc = launch_with_room<R>(call, forward);
+    if (!settled(call, f, &rc)) {
+      intercept::eager_done(ticket);
+      return rc;
+    }
+    rc = launch_with_room<R>(call, forward);
     intercept::eager_done(ticket);
     return rc;
   }
@@ -568,14 +613,20 @@ struct LaunchKernel<R (*)(const CUlaunchConfig*, CUfunction, void**, void**)> {
   Call call;
   R operator()(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) const {
     const auto forward = [&] { return real(config, f, params, extra); };
+    R rc{};
     if (!handle() || !intercept::eager_wanted() || config == nullptr) {
+      if (intercept::on() && !settled(call, f, &rc)) return rc;
       return launch_with_room<R>(call, forward);
     }
     Scope scope;
     const auto ticket = intercept::eager_kernel(call, config->hStream,
                                                 {f, &intercept::driver_param_info}, params, extra);
     if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    const R rc = launch_with_room<R>(call, forward);
+    if (!settled(call, f, &rc)) {
+      intercept::eager_done(ticket);
+      return rc;
+    }
+    rc = launch_with_room<R>(call, forward);
     intercept::eager_done(ticket);
     return rc;
   }

@@ -430,6 +430,42 @@ TEST_F(ResidencyTest, TheStreamWaitsOnTheDeviceAndTheHostDoesNot) {
   });
 }
 
+// First-time work under the device handshake (a kernel's or a graph's first launch loads or
+// uploads it, which on the H200 hangs while a stream is parked): settle() waits on the host until
+// the parked stream's restore lands, here held back 300 ms by a stalled copy, and returns at once
+// when nothing is parked.
+TEST_F(ResidencyTest, FirstTimeWorkWaitsUntilNoStreamIsParked) {
+  on_device(6, [&] {
+    configure(1 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    fill(a, 21);
+    fill(b, 22);  // a leaves
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    EXPECT_TRUE(residency::parks_streams());
+    std::string why;
+    EXPECT_EQ(residency::settle("nothing parked", &why), CUDA_SUCCESS) << why;
+    EXPECT_EQ(residency::stats().settle_waits, 0u);
+    ASSERT_EQ(vaswapSimInjectFault("copy_stall", 1, 300), 0);
+    residency::Acquired acquired;
+    std::string message;
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+    EXPECT_FALSE(acquired.host_waited);  // the stream is parked; the host went on
+    EXPECT_EQ(residency::settle("a first launch", &why), CUDA_SUCCESS) << why;
+    const double waited_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GE(waited_ms, 250.0) << "settle returned before the stalled restore landed";
+    EXPECT_EQ(residency::stats().settle_waits, 1u);
+    EXPECT_TRUE(mapped(a));
+    auto* words = reinterpret_cast<uint32_t*>(a->va);
+    ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
+    residency::used(acquired);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    expect_holds(a, 22);
+  });
+}
+
 // A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
 // acquire for one returns only once the slot's pages are mapped again, and the copy, enqueued at
 // once, reads the data back in full.

@@ -106,6 +106,10 @@ echo "ok   without vaswap the same injected launch failure ends the demo"
 under 80MiB device_handshake "$base,residency.handshake=device"
 summary device_handshake '
 assert s["handshake"] == "device" and s["waits"] == 0, s
+# First launches waited on the host for parked streams (how often depends on timing; the
+# mechanism is asserted in ResidencyTest.FirstTimeWorkWaitsUntilNoStreamIsParked).
+assert s["settle_waits"] >= 0 and s["settle_wait_us"] >= 0, s
+print("     first-time work waited for parked streams %d times" % s["settle_waits"])
 '
 if CUDA_DEVICE_MAX_CONNECTIONS=1 VASWAP_SIM_DEVICE_MEMORY=80MiB \
   VASWAP_CONF="$base,residency.handshake=device" run -- "$demo" --quiet --steps 2 \
