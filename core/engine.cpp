@@ -163,16 +163,11 @@ uint64_t Engine::release_spares(Device& d, uint64_t keep) {
   return released;
 }
 
-uint64_t Engine::spare_bytes(int ordinal) {
+uint64_t Engine::spare_bytes(int ordinal, size_t size, bool* has_size) {
   Device& d = device(ordinal);
   std::lock_guard<std::mutex> lock(d.spare_mutex);
+  if (has_size != nullptr) *has_size = d.spare.count(size) != 0;
   return d.spare_bytes;
-}
-
-bool Engine::has_spare(int ordinal, size_t bytes) {
-  Device& d = device(ordinal);
-  std::lock_guard<std::mutex> lock(d.spare_mutex);
-  return d.spare.count(bytes) != 0;
 }
 
 namespace {

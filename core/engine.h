@@ -227,10 +227,10 @@ class Engine {
   // vaswap_set_page_reuse: keep up to `bytes` of unmapped handles per device for later maps of
   // the same size (0: none, and the kept ones are released now). Returns the bytes released.
   uint64_t set_page_reuse(uint64_t bytes);
-  // Kept handles of a device (for residency, which counts them within its budget): their bytes,
-  // whether one of exactly `bytes` is there, and releasing them down to `keep` bytes.
-  uint64_t spare_bytes(int ordinal);
-  bool has_spare(int ordinal, size_t bytes);
+  // Kept handles of a device (for residency, which counts them within its budget): their bytes
+  // (and, with `has_size`, whether one of exactly `size` bytes is there), and releasing them down
+  // to `keep` bytes.
+  uint64_t spare_bytes(int ordinal, size_t size = 0, bool* has_size = nullptr);
   uint64_t trim_spares(int ordinal, uint64_t keep);
   vaswap_stats stats();
   // Device memory as the driver reports it (cuMemGetInfo), read after every map and unmap of a

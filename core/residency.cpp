@@ -1866,8 +1866,9 @@ void Residency::do_restore(Device& d, const Job& job) {
         // link's speed, docs/PERFORMANCE.md) count within the budget: they are released first
         // when this restore needs their room.
         const uint64_t budget = budget_locked(d).target;
-        const uint64_t kept = engine().spare_bytes(d.ordinal);
-        const uint64_t adds = engine().has_spare(d.ordinal, e->pages) ? 0 : e->pages;
+        bool reusable = false;  // a kept handle of this size: mapping it adds nothing
+        const uint64_t kept = engine().spare_bytes(d.ordinal, e->pages, &reusable);
+        const uint64_t adds = reusable ? 0 : e->pages;
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
         if (ready && d.physical + kept + adds > budget) {
           trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;

@@ -520,6 +520,34 @@ intercept::Param runtime_param_info(const void* host_function, size_t index, siz
   return intercept::driver_param_info(function, index, offset, bytes);
 }
 
+// What every kernel launch hook does once it handles the call: the kernel's slots made resident
+// (when eager work is scanned), first-time work settled (device handshake), then the real launch,
+// retried after evictions if the driver refuses it for want of memory (driver launches).
+template <class R, class Forward>
+R launch_kernel(const Call& call, CUstream stream, const intercept::Kernel& kernel, void** params,
+                void** extra, Forward&& forward) {
+  R rc{};
+  if (!intercept::eager_wanted()) {
+    if (!settled(call, kernel.key, &rc)) return rc;
+    return launch_with_room<R>(call, forward);  // a runtime launch's driver call is handled
+  }
+  Scope scope;
+  const auto ticket = intercept::eager_kernel(call, stream, kernel, params, extra);
+  if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+  if (settled(call, kernel.key, &rc)) rc = launch_with_room<R>(call, forward);
+  intercept::eager_done(ticket);
+  return rc;
+}
+
+// A driver launch not handled here: from inside a runtime launch (whose hook settled for the host
+// stub; this is the function cudart loads, and no stream is parked then) or with the preload off.
+template <class R, class Forward>
+R driver_launch_unhandled(const Call& call, const void* function, Forward&& forward) {
+  R rc{};
+  if (intercept::on() && !settled(call, function, &rc)) return rc;
+  return launch_with_room<R>(call, forward);
+}
+
 template <class Fn>
 struct LaunchKernel;
 // cudaLaunchKernel[_ptsz]
@@ -529,23 +557,9 @@ struct LaunchKernel<R (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)
   Call call;
   R operator()(const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                cudaStream_t stream) const {
-    if (!handle()) return real(func, grid, block, args, shared, stream);
-    R rc{};
-    if (!intercept::eager_wanted()) {
-      if (!settled(call, func, &rc)) return rc;
-      return real(func, grid, block, args, shared, stream);
-    }
-    Scope scope;
-    const auto ticket =
-        intercept::eager_kernel(call, stream, {func, &runtime_param_info}, args, nullptr);
-    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    if (!settled(call, func, &rc)) {
-      intercept::eager_done(ticket);
-      return rc;
-    }
-    rc = real(func, grid, block, args, shared, stream);
-    intercept::eager_done(ticket);
-    return rc;
+    const auto forward = [&] { return real(func, grid, block, args, shared, stream); };
+    if (!handle()) return forward();
+    return launch_kernel<R>(call, stream, {func, &runtime_param_info}, args, nullptr, forward);
   }
 };
 // cudaLaunchKernelExC[_ptsz]
@@ -554,23 +568,10 @@ struct LaunchKernel<R (*)(const cudaLaunchConfig_t*, const void*, void**)> {
   R (*real)(const cudaLaunchConfig_t*, const void*, void**);
   Call call;
   R operator()(const cudaLaunchConfig_t* config, const void* func, void** args) const {
-    if (!handle() || config == nullptr) return real(config, func, args);
-    R rc{};
-    if (!intercept::eager_wanted()) {
-      if (!settled(call, func, &rc)) return rc;
-      return real(config, func, args);
-    }
-    Scope scope;
-    const auto ticket =
-        intercept::eager_kernel(call, config->stream, {func, &runtime_param_info}, args, nullptr);
-    if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-    if (!settled(call, func, &rc)) {
-      intercept::eager_done(ticket);
-      return rc;
-    }
-    rc = real(config, func, args);
-    intercept::eager_done(ticket);
-    return rc;
+    const auto forward = [&] { return real(config, func, args); };
+    if (!handle() || config == nullptr) return forward();
+    return launch_kernel<R>(call, config->stream, {func, &runtime_param_info}, args, nullptr,
+                            forward);
   }
 };
 // cuLaunchKernel[_ptsz]
@@ -586,24 +587,9 @@ struct LaunchKernel<R (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, un
     const auto forward = [&] {
       return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     };
-    R rc{};
-    if (!handle() || !intercept::eager_wanted()) {
-      // Also from inside a runtime launch (its hook settled for the host stub; this is the
-      // function cudart loads): no stream is parked then, so this returns at once.
-      if (intercept::on() && !settled(call, f, &rc)) return rc;
-      return launch_with_room<R>(call, forward);
-    }
-    Scope scope;
-    const auto ticket =
-        intercept::eager_kernel(call, stream, {f, &intercept::driver_param_info}, params, extra);
-    if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    if (!settled(call, f, &rc)) {
-      intercept::eager_done(ticket);
-      return rc;
-    }
-    rc = launch_with_room<R>(call, forward);
-    intercept::eager_done(ticket);
-    return rc;
+    if (!handle()) return driver_launch_unhandled<R>(call, f, forward);
+    return launch_kernel<R>(call, stream, {f, &intercept::driver_param_info}, params, extra,
+                            forward);
   }
 };
 // cuLaunchKernelEx[_ptsz]
@@ -613,22 +599,9 @@ struct LaunchKernel<R (*)(const CUlaunchConfig*, CUfunction, void**, void**)> {
   Call call;
   R operator()(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) const {
     const auto forward = [&] { return real(config, f, params, extra); };
-    R rc{};
-    if (!handle() || !intercept::eager_wanted() || config == nullptr) {
-      if (intercept::on() && !settled(call, f, &rc)) return rc;
-      return launch_with_room<R>(call, forward);
-    }
-    Scope scope;
-    const auto ticket = intercept::eager_kernel(call, config->hStream,
-                                                {f, &intercept::driver_param_info}, params, extra);
-    if (ticket.result != CUDA_SUCCESS) return ticket.result;
-    if (!settled(call, f, &rc)) {
-      intercept::eager_done(ticket);
-      return rc;
-    }
-    rc = launch_with_room<R>(call, forward);
-    intercept::eager_done(ticket);
-    return rc;
+    if (!handle() || config == nullptr) return driver_launch_unhandled<R>(call, f, forward);
+    return launch_kernel<R>(call, config->hStream, {f, &intercept::driver_param_info}, params,
+                            extra, forward);
   }
 };
 
