@@ -58,6 +58,7 @@ struct Candidate {
   Window window;
   uint64_t bytes = 0;                   // copied
   uint64_t pages = 0;                   // freed
+  bool h2d_booked = true;               // the restore's copy has its place on the link
   double away_from = 0, away_to = 0;    // unrolled: released to mapped again
   double d2h_start = 0, h2d_start = 0;  // where the copies sit on the links
   double benefit = 0;
@@ -102,12 +103,20 @@ class Chooser {
     const double t_release = time_of(release);
     const double d2h = kCopyMargin * model_.d2h_us(c.bytes);
     const double d2h_start = d2h_.place(t_release, d2h);
+    if (d2h_start == kNever) {  // the period's link has no room left for this offload
+      w.freed_us = -1;
+      return c;
+    }
     const double released = d2h_start + d2h + half_remap;
     const double map_start = std::max(time_of(restore), released);
     const double mapped = map_start + half_remap;
     const double h2d = kCopyMargin * model_.h2d_us(c.bytes);
-    const double h2d_start = h2d_.place(std::max(mapped, time_of(restore)), h2d);
     const double need = time_of(v);
+    double h2d_start = h2d_.place(std::max(mapped, time_of(restore)), h2d);
+    // No room on the link in the period: the restore runs on demand, when the slot is needed, and
+    // all of its copy is exposed.
+    c.h2d_booked = h2d_start != kNever;
+    if (!c.h2d_booked) h2d_start = std::max(mapped, need);
     w.gap_us = need - t_release;
     w.d2h_us = d2h_start + d2h - t_release;
     w.h2d_us = h2d_start + h2d - mapped;
@@ -123,7 +132,7 @@ class Chooser {
 
   void take(const Candidate& c) {
     d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
-    h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
+    if (c.h2d_booked) h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
     taken_.push_back(c);
   }
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -347,6 +348,11 @@ Record& Record::add(const char* key, int64_t value) {
 }
 
 Record& Record::add(const char* key, double value) {
+  // JSON has no infinity or NaN: a figure that is not finite is written as null.
+  if (!std::isfinite(value)) {
+    fmt::format_to(std::back_inserter(fields_), ",\"{}\":null", key);
+    return *this;
+  }
   fmt::format_to(std::back_inserter(fields_), ",\"{}\":{:.3f}", key, value);
   return *this;
 }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,32 @@ TEST(Choose, WindowsTheLinkCannotHideAreTakenWhenTheBudgetNeedsThem) {
     if (w.region == 1) region1_away_at_0 = true;
   }
   EXPECT_TRUE(region1_away_at_0) << "region 0 needs the room at position 0";
+}
+
+TEST(Choose, ACopyTheLinkHasNoRoomForIsExposedWholeNotInfinite) {
+  // Four 64 MiB regions, each used once in a 4 ms period, and room for one: at 2 GB/s one copy
+  // takes 33.5 ms, longer than the period, so no copy fits on the link. The plan must stay
+  // finite (its figures go to the trace as JSON) and say the rest is evicted on demand.
+  const Period p = evenly(4, 1000, {{0}, {1}, {2}, {3}}, {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
+  const Plan plan = choose(p, link(2, 100), budget(64 * kMiB));
+  EXPECT_TRUE(std::isfinite(plan.exposed_us)) << plan.exposed_us;
+  for (const Window& w : plan.windows) {
+    EXPECT_TRUE(std::isfinite(w.exposed_us) && std::isfinite(w.freed_us)) << w.region;
+  }
+  EXPECT_GT(plan.short_pages, 0u);
+  EXPECT_NE(plan.reason.find("on demand"), std::string::npos) << plan.reason;
+  // D2H at 50 GB/s, H2D at 2 GB/s, a 160 ms period: every offload fits on its link, but only
+  // three 42 ms restores fit on the other. The rest run when their slot is needed, and each one's whole
+  // copy counts as exposed (before, the plan said infinity).
+  const Period longer =
+      evenly(8, 20000, {{0}, {}, {1}, {}, {2}, {}, {3}, {}},
+             {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
+  const Plan some = choose(longer, Model{2, 50, 100, "given"}, budget(64 * kMiB));
+  ASSERT_GE(some.windows.size(), 2u) << some.reason;
+  EXPECT_TRUE(std::isfinite(some.exposed_us)) << some.exposed_us;
+  const double one_copy_us = 1.25 * (64.0 * kMiB) / 2e3;
+  EXPECT_GE(some.exposed_us, one_copy_us) << some.reason;
+  for (const Window& w : some.windows) EXPECT_TRUE(std::isfinite(w.exposed_us)) << w.region;
 }
 
 TEST(Choose, WindowsTheLinkHidesComeFirst) {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -132,6 +133,25 @@ TEST(TraceFile, WritesWholeLinesUntilClosed) {
   EXPECT_EQ(lines, 102);
   EXPECT_NE(last.find("\"ev\":\"trace_end\""), std::string::npos) << last;
   EXPECT_EQ(losses().events, 0u);
+  ::unlink(path.c_str());
+}
+
+TEST(TraceFile, AFigureThatIsNotFiniteIsWrittenAsNull) {
+  // JSON has no infinity: a plan that cannot hide a copy once wrote "exposed_us":inf, and every
+  // reader of the trace stopped at that line.
+  const std::string path = scratch("finite.jsonl");
+  ::unlink(path.c_str());
+  std::string error;
+  ASSERT_TRUE(open(path, &error)) << error;
+  Record(Event::notice)
+      .add("inf", std::numeric_limits<double>::infinity())
+      .add("nan", std::numeric_limits<double>::quiet_NaN())
+      .add("us", 1.5)
+      .emit();
+  close();
+  const std::string text = contents(path);
+  EXPECT_NE(text.find("\"inf\":null,\"nan\":null,\"us\":1.500"), std::string::npos) << text;
+  EXPECT_EQ(text.find("inf,"), std::string::npos) << text;
   ::unlink(path.c_str());
 }
 
