@@ -14,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
@@ -187,7 +189,8 @@ struct Job {
 
 struct Unmap {
   uint64_t slot = 0;
-  bool copied = false;  // has data: copied out before the unmap
+  bool copied = false;   // has data: copied out before the unmap
+  bool may_keep = true;  // false for the program's out-of-memory: its pages go back to the device
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
   // What the copy waits for, checked on the host: the slot's last uses, and the restore it
@@ -1385,8 +1388,13 @@ uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
   // too, so they are released again once the evictions are done.
   uint64_t trimmed = 0;
   {
+    // Room for the allocation and the reserve after it: the driver's own allocations (a kernel's
+    // module loaded at its first launch, a library's workspace) need headroom too, and an H200
+    // run failed in exactly that way when only the allocation's bytes were given back.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (devices_.count(ordinal) == 0) return 0;
+    auto it = devices_.find(ordinal);
+    if (it == devices_.end()) return 0;
+    bytes += reserve_locked(*it->second);
   }
   trimmed = engine().trim_spares(ordinal, 0);
   if (trimmed >= bytes) return trimmed;
@@ -2003,6 +2011,7 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.slot = job.slot;
     unmap.bytes = e->bytes;
     unmap.copied = job.with_data;
+    unmap.may_keep = std::string_view(job.cause) != "program";
     unmap.waits = job.waits;
     unmap.flag = e->flag;
     unmap.restore = job.ready;
@@ -2260,7 +2269,10 @@ void Residency::run_unmapper(Device& d) {
         // Kept for the next restore of this size only while what slots hold, mapped or kept,
         // stays within the budget's target (the auto one leaves the reserve free): keeping moves
         // the pages from mapped to kept, so the sum is what it was.
-        keep = d.physical + engine().spare_bytes(d.ordinal) <= budget_locked(d).target;
+        // Never for the program's out-of-memory: those pages are what it asked for (an H200 run
+        // kept 400 of the 752 MiB evicted for an allocation, and its next launch failed).
+        keep = unmap.may_keep &&
+               d.physical + engine().spare_bytes(d.ordinal) <= budget_locked(d).target;
       }
     }
     if (unmap.copied) {

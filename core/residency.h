@@ -108,7 +108,8 @@ struct Budget {
 Budget budget(int device);
 
 // The program's own allocation on `device` failed for want of memory: evict slots that no
-// launch in flight needs until `bytes` more are free, waiting (bounded) for their copies.
+// launch in flight needs until `bytes` and residency.reserve more are free (the reserve stays
+// free after the allocation, for the driver's own needs), waiting (bounded) for their copies.
 // Returns the bytes of pages given back.
 uint64_t make_room(int device, uint64_t bytes);
 

@@ -339,6 +339,30 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
   expect_holds(b, 2);
 }
 
+// What the program's out-of-memory gets back leaves the reserve free after its allocation: on the
+// H200, a kernel's first launch right after such an allocation failed for want of memory when
+// only the allocation's bytes came back (its module is loaded into device memory then).
+TEST_F(ResidencyTest, TheProgramsOutOfMemoryLeavesTheReserveFree) {
+  configure(4 * kPage, 0, residency::Handshake::automatic, /*reserve=*/1 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  fill(a, 21);
+  fill(b, 22);
+  fill(c, 23);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  const unsigned long long before = vaswapSimPhysicalBytes(0);
+  // One page for the allocation and one for the reserve: the two least recently used leave.
+  EXPECT_EQ(residency::make_room(0, 1 * kPage), 2 * kPage);
+  EXPECT_FALSE(mapped(a));
+  EXPECT_FALSE(mapped(b));
+  EXPECT_TRUE(mapped(c));
+  EXPECT_EQ(vaswapSimPhysicalBytes(0), before - 2 * kPage);
+  expect_holds(a, 21);
+  expect_holds(b, 22);
+  expect_holds(c, 23);
+}
+
 // Page reuse under residency: an eviction keeps its handle, and the next restore of that size maps
 // it instead of a new one (its copy then runs at the link's speed on the H200). Kept handles count
 // within the budget: what the device holds for slots, mapped or kept, never exceeds it. The trace
