@@ -228,6 +228,47 @@ bool settled(const Call& call, const void* function, R* rc) {
   return false;
 }
 
+// The runtime records every failed call as the thread's last error, which the program reads
+// with cudaGetLastError. A call vaswap makes or retries must leave that record as the program's
+// own calls would: keep_last_error(any function of that libcudart, what it was before) clears
+// a failure vaswap caused (the runtime cannot be given an older error back, so a failure the
+// program had not read yet, left before vaswap's call, is cleared too; vaswap only calls this
+// after a failure of its own, where the runtime had replaced that record already).
+void* runtime_function(void* any_function, const char* name) {
+  Dl_info info{};
+  if (dladdr(any_function, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (library == nullptr) return nullptr;
+  void* fn = real_dlsym(library, name);
+  dlclose(library);
+  return fn;
+}
+
+// One libcudart per process: its two functions are found once, from the first function asked.
+using LastError = cudaError_t (*)();
+LastError last_error_function(void* any_function, bool peek) {
+  static std::atomic<LastError> peek_fn{nullptr}, get_fn{nullptr};
+  std::atomic<LastError>& slot = peek ? peek_fn : get_fn;
+  LastError fn = slot.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    fn = reinterpret_cast<LastError>(
+        runtime_function(any_function, peek ? "cudaPeekAtLastError" : "cudaGetLastError"));
+    if (fn != nullptr) slot.store(fn, std::memory_order_release);
+  }
+  return fn;
+}
+
+cudaError_t peek_last_error(void* any_function) {
+  const LastError peek = last_error_function(any_function, true);
+  return peek != nullptr ? peek() : cudaSuccess;
+}
+
+void keep_last_error(void* any_function, cudaError_t before) {
+  if (before != cudaSuccess) return;  // the program's own, unread: left as it is
+  const LastError get = last_error_function(any_function, false);
+  if (get != nullptr) get();
+}
+
 template <class Fn>
 struct Allocate;
 template <class R, class P>
@@ -247,10 +288,17 @@ struct Allocate<R (*)(P*, size_t)> {
     // The program's own allocation ran out of memory: slots not in use give their pages back
     // first, and the allocation is tried again before the error reaches the program (a few
     // times: other threads may take what was given back first).
+    bool retried = false;
     for (int round = 0; round < 3 && rc == to_status<R>(CUDA_ERROR_OUT_OF_MEMORY) &&
                         intercept::out_of_memory(call, bytes, "allocation of " + byte_size(bytes));
          ++round) {
       rc = real(ptr, bytes);
+      retried = true;
+    }
+    // Retried and allocated: the runtime's record of the first attempt's failure goes too (an
+    // H200 PyTorch run raised it at its next launch check as "CUDA error: out of memory").
+    if constexpr (std::is_same_v<R, cudaError_t>) {
+      if (retried && rc == R{}) keep_last_error(reinterpret_cast<void*>(real), cudaSuccess);
     }
     if (rc == R{} && ptr != nullptr) {
       intercept::allocated(call, to_va(*ptr), bytes, nullptr, skipped);
@@ -491,33 +539,42 @@ struct ExecKernelChange<R (*)(E, N, const P*)> {
 // Eager work
 // =============================================================================================
 
-// A runtime kernel's parameter layout, from libcudart's cudaFuncGetParamInfo (CUDA 12.4 and
-// later), or else through cudaGetFuncBySymbol and the driver's cuFuncGetParamInfo.
+// A runtime kernel's parameter layout: its CUfunction from cudaGetFuncBySymbol, then the
+// driver's cuFuncGetParamInfo, which finds the end of the list by failing. The runtime's own
+// cudaFuncGetParamInfo fails the same way and records that failure as the thread's last error,
+// which the program reads next (PyTorch checks cudaGetLastError after every launch): it is used
+// only where cudaGetFuncBySymbol is missing, and the failure it records is taken back.
 intercept::Param runtime_param_info(const void* host_function, size_t index, size_t* offset,
                                     size_t* bytes) {
-  using ParamInfo = cudaError_t (*)(const void*, size_t, size_t*, size_t*);
   using GetFunc = cudaError_t (*)(cudaFunction_t*, const void*);
-  static std::atomic<ParamInfo> param_info{nullptr};
+  using ParamInfo = cudaError_t (*)(const void*, size_t, size_t*, size_t*);
   static std::atomic<GetFunc> get_func{nullptr};
-  ParamInfo info = param_info.load(std::memory_order_acquire);
-  if (info == nullptr) {
-    info = reinterpret_cast<ParamInfo>(find_runtime_symbol("cudaFuncGetParamInfo", nullptr));
-    if (info != nullptr) param_info.store(info, std::memory_order_release);
-  }
-  if (info != nullptr) {
-    const cudaError_t rc = info(host_function, index, offset, bytes);
-    if (rc == cudaSuccess) return intercept::Param::found;
-    return rc == cudaErrorInvalidValue ? intercept::Param::end : intercept::Param::unknown;
-  }
+  static std::atomic<ParamInfo> param_info{nullptr};
   GetFunc get = get_func.load(std::memory_order_acquire);
   if (get == nullptr) {
     get = reinterpret_cast<GetFunc>(find_runtime_symbol("cudaGetFuncBySymbol", nullptr));
-    if (get == nullptr) return intercept::Param::unknown;
-    get_func.store(get, std::memory_order_release);
+    if (get != nullptr) get_func.store(get, std::memory_order_release);
   }
-  cudaFunction_t function = nullptr;
-  if (get(&function, host_function) != cudaSuccess) return intercept::Param::unknown;
-  return intercept::driver_param_info(function, index, offset, bytes);
+  if (get != nullptr) {
+    cudaFunction_t function = nullptr;
+    const cudaError_t before = peek_last_error(reinterpret_cast<void*>(get));
+    if (get(&function, host_function) != cudaSuccess) {
+      keep_last_error(reinterpret_cast<void*>(get), before);
+      return intercept::Param::unknown;
+    }
+    return intercept::driver_param_info(function, index, offset, bytes);
+  }
+  ParamInfo info = param_info.load(std::memory_order_acquire);
+  if (info == nullptr) {
+    info = reinterpret_cast<ParamInfo>(find_runtime_symbol("cudaFuncGetParamInfo", nullptr));
+    if (info == nullptr) return intercept::Param::unknown;
+    param_info.store(info, std::memory_order_release);
+  }
+  const cudaError_t before = peek_last_error(reinterpret_cast<void*>(info));
+  const cudaError_t rc = info(host_function, index, offset, bytes);
+  if (rc == cudaSuccess) return intercept::Param::found;
+  keep_last_error(reinterpret_cast<void*>(info), before);
+  return rc == cudaErrorInvalidValue ? intercept::Param::end : intercept::Param::unknown;
 }
 
 // What every kernel launch hook does once it handles the call: the kernel's slots made resident

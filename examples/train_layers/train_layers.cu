@@ -453,6 +453,9 @@ int main(int argc, char** argv) {
       CHECK(cudaMalloc(&extra, extra_bytes));
       CHECK(cudaMemsetAsync(extra, 0x5a, extra_bytes, s));
     }
+    // As frameworks do after their launches (PyTorch after every kernel): no call of the step
+    // left an error behind, including one that vaswap retried and that succeeded.
+    CHECK(cudaGetLastError());
     if (o.eval_every > 0 && step % o.eval_every == o.eval_every - 1) {
       // Evaluation: the forward graphs alone, out of the training pattern.
       uint32_t eval_seed = o.seed * 15485863u + static_cast<uint32_t>(step);

@@ -124,7 +124,8 @@ TEST(Choose, ACopyTheLinkHasNoRoomForIsExposedWholeNotInfinite) {
   // Four 64 MiB regions, each used once in a 4 ms period, and room for one: at 2 GB/s one copy
   // takes 33.5 ms, longer than the period, so no copy fits on the link. The plan must stay
   // finite (its figures go to the trace as JSON) and say the rest is evicted on demand.
-  const Period p = evenly(4, 1000, {{0}, {1}, {2}, {3}}, {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
+  const Period p =
+      evenly(4, 1000, {{0}, {1}, {2}, {3}}, {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
   const Plan plan = choose(p, link(2, 100), budget(64 * kMiB));
   EXPECT_TRUE(std::isfinite(plan.exposed_us)) << plan.exposed_us;
   for (const Window& w : plan.windows) {
@@ -133,11 +134,10 @@ TEST(Choose, ACopyTheLinkHasNoRoomForIsExposedWholeNotInfinite) {
   EXPECT_GT(plan.short_pages, 0u);
   EXPECT_NE(plan.reason.find("on demand"), std::string::npos) << plan.reason;
   // D2H at 50 GB/s, H2D at 2 GB/s, a 160 ms period: every offload fits on its link, but only
-  // three 42 ms restores fit on the other. The rest run when their slot is needed, and each one's whole
-  // copy counts as exposed (before, the plan said infinity).
-  const Period longer =
-      evenly(8, 20000, {{0}, {}, {1}, {}, {2}, {}, {3}, {}},
-             {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
+  // three 42 ms restores fit on the other. The rest run when their slot is needed, and each one's
+  // whole copy counts as exposed (before, the plan said infinity).
+  const Period longer = evenly(8, 20000, {{0}, {}, {1}, {}, {2}, {}, {3}, {}},
+                               {64 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB});
   const Plan some = choose(longer, Model{2, 50, 100, "given"}, budget(64 * kMiB));
   ASSERT_GE(some.windows.size(), 2u) << some.reason;
   EXPECT_TRUE(std::isfinite(some.exposed_us)) << some.exposed_us;
