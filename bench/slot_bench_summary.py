@@ -39,12 +39,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out")
+    ap.add_argument("--note", help="a line under the title: the command, the machine, the date")
     a = ap.parse_args()
     runs = [read(p) for p in a.runs]
     n = len(runs)
-    lines = [f"{runs[0][0]}; median across {n} separate runs (range in brackets)", "",
-             "| measurement | value (median) | unit | vs raw | vs raw on the slots' memory |",
-             "|---|---:|---|---:|---:|"]
+    lines = [f"{runs[0][0]}; median across {n} separate runs (range in brackets)", ""]
+    if a.note:
+        lines += [a.note, ""]
+    lines += ["| measurement | value (median) | unit | vs raw | vs raw on the slots' memory |",
+              "|---|---:|---|---:|---:|"]
     for name, (_, unit, _, _) in runs[0][1].items():
         got = [r[1][name] for r in runs if name in r[1]]
         value = statistics.median(g[0] for g in got)
