@@ -14,6 +14,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "driver.h"
 #include "errors.h"
@@ -705,6 +706,30 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
     if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
     return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+  }
+};
+
+// Batches of copies (cudaMemcpyBatchAsync, cuMemcpyBatchAsync; CUDA 12.8's revision with a
+// failure index is not hooked): (dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs,
+// stream). Every copy's two addresses are looked up, as for one copy.
+template <class Fn>
+struct CopyBatch;
+template <class R, class D, class S, class Z, class... Rest>
+struct CopyBatch<R (*)(D*, S*, Z*, size_t, Rest...)> {
+  R (*real)(D*, S*, Z*, size_t, Rest...);
+  Call call;
+  R operator()(D* dsts, S* srcs, Z* sizes, size_t count, Rest... rest) const {
+    const auto forward = [&] { return real(dsts, srcs, sizes, count, rest...); };
+    if (!handle() || !intercept::access_wanted() || dsts == nullptr || srcs == nullptr) {
+      return forward();
+    }
+    std::vector<uintptr_t> addresses;
+    addresses.reserve(2 * count);
+    for (size_t i = 0; i < count; ++i) {
+      addresses.push_back(address_of(dsts[i]));
+      addresses.push_back(address_of(srcs[i]));
+    }
+    return accessed<R>(call, last_stream(rest...), addresses.data(), addresses.size(), forward);
   }
 };
 

@@ -114,6 +114,7 @@ struct Options {
   int peek_step = -1;   // -1: never
   int fault_step = -1;  // -1: never
   bool api_graph = false;
+  bool batch_copies = false;
   int extra_mib = 0;   // 0: none
   long limit_mib = 0;  // 0: the whole device
   const char* out = nullptr;
@@ -124,7 +125,8 @@ void usage(FILE* to) {
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--eval-every N] [--peek-step N] [--api-graph] [--extra-mib N]\n"
-      "                    [--limit-mib N] [--fault-step N] [--out FILE] [--quiet]\n"
+      "                    [--limit-mib N] [--fault-step N] [--batch-copies] [--out FILE]\n"
+      "                    [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -150,6 +152,9 @@ void usage(FILE* to) {
       "                  1 TiB past the first layer's activation: a device fault (illegal\n"
       "                  address) mid-step; the run must end with an error, not hang.\n"
       "                  On the simulated device the process dies with SIGSEGV instead\n"
+      "  --batch-copies  copy between layers with cudaMemcpyBatchAsync (one copy a batch), and\n"
+      "                  at each step's end copy the last layer's output and the first\n"
+      "                  layer's to the host in one batch of two\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -178,6 +183,7 @@ Options parse(int argc, char** argv) {
                                  {"extra-mib", required_argument, nullptr, 'x'},
                                  {"limit-mib", required_argument, nullptr, 'm'},
                                  {"fault-step", required_argument, nullptr, 'f'},
+                                 {"batch-copies", no_argument, nullptr, 'b'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -219,6 +225,7 @@ Options parse(int argc, char** argv) {
         break;
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
+      case 'b': o.batch_copies = true; break;
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
         o.extra_mib = static_cast<int>(v);
@@ -373,6 +380,23 @@ int main(int argc, char** argv) {
 
   uint32_t* host = nullptr;
   CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), bytes));
+  uint32_t* host_first = nullptr;  // --batch-copies: the first layer's output, copied beside
+  CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_first), bytes));
+  // A device-to-device copy between layers: one cudaMemcpyAsync, or with --batch-copies a batch
+  // of one copy (cudaMemcpyBatchAsync, CUDA 12.8 and later).
+  cudaMemcpyAttributes batch_attrs{};
+  batch_attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t batch_attrs_index = 0;
+  const auto hand_off = [&](void* dst, const void* src) {
+    if (!o.batch_copies) {
+      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    void* dsts[] = {dst};
+    const void* srcs[] = {src};
+    const size_t sizes[] = {bytes};
+    CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &batch_attrs, &batch_attrs_index, 1, s));
+  };
   uint32_t* peek = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&peek), bytes));
   CHECK(cudaMemsetAsync(peek, 0, bytes, s));
@@ -402,9 +426,7 @@ int main(int argc, char** argv) {
     launch((const void*)fill_kernel, {&layers[0].x, &data_seed, &n});
     for (size_t l = 0; l < layers.size(); ++l) {
       CHECK(cudaGraphLaunch(layers[l].forward, s));
-      if (l + 1 < layers.size()) {
-        CHECK(cudaMemcpyAsync(layers[l + 1].x, layers[l].y, bytes, cudaMemcpyDeviceToDevice, s));
-      }
+      if (l + 1 < layers.size()) hand_off(layers[l + 1].x, layers[l].y);
     }
     Layer& last = layers.back();
     if (step == o.peek_step) launch((const void*)peek_kernel, {&layers[0].act, &peek, &n});
@@ -433,11 +455,18 @@ int main(int argc, char** argv) {
     for (size_t l = layers.size(); l-- > 0;) {
       CHECK(cudaGraphLaunch(layers[l].backward, s));
       launch((const void*)accumulate_kernel, {&layers[l].acc, &layers[l].gw, &n});
-      if (l > 0)
-        CHECK(cudaMemcpyAsync(layers[l - 1].gy, layers[l].gx, bytes, cudaMemcpyDeviceToDevice, s));
+      if (l > 0) hand_off(layers[l - 1].gy, layers[l].gx);
     }
     for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
-    CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
+    if (o.batch_copies) {
+      // The loss's source and the first layer's output (not part of the checksum) in one batch.
+      void* dsts[] = {host, host_first};
+      const void* srcs[] = {last.y, layers[0].y};
+      const size_t sizes[] = {bytes, bytes};
+      CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &batch_attrs, &batch_attrs_index, 1, s));
+    } else {
+      CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
+    }
     CHECK(cudaStreamSynchronize(s));
     const uint64_t loss = fnv1a(1469598103934665603ull, host, bytes);
     checksum = fnv1a(checksum, &loss, sizeof(loss));
@@ -523,6 +552,7 @@ int main(int argc, char** argv) {
   }
   CHECK(cudaFree(peek));
   CHECK(cudaFreeHost(host));
+  CHECK(cudaFreeHost(host_first));
   if (hold != nullptr) CHECK(cudaFreeAsync(hold, s));
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaStreamDestroy(s));

@@ -7,7 +7,8 @@
 #      device never held more than it has.
 #   2. 80 MiB: the slots held at once stay under half of all slot bytes; same checksum.
 #   3. The program's own allocation (20 MiB more after step 5) fails for want of memory: slots
-#      give pages back and the allocation succeeds; same checksum. Likewise a kernel launch that
+#      give pages back and the allocation succeeds; same checksum. Copies in batches
+#      (cudaMemcpyBatchAsync) bring their evicted slots back too. Likewise a kernel launch that
 #      the driver refuses for want of memory (it grows a kernel's local memory at launch): the
 #      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY.
 #   4. The device handshake (residency.handshake=device; the default is the host one): the same
@@ -83,6 +84,17 @@ notes = [e for e in ev if e["ev"] == "notice" and "failed for want of memory" in
 assert notes, "no notice for the retried allocation"
 n, message = s["evictions_program"], notes[0]["message"]
 print(f"     {n} slots evicted for the program: {message}")
+'
+
+# 3a. Copies in batches (cudaMemcpyBatchAsync, one copy a batch between layers and two at each
+#     step's end): their slots come back as a single copy's do; without the hook the batch is
+#     refused on an evicted slot.
+under 100MiB batch_copies "$base" --batch-copies
+summary batch_copies '
+assert s["evictions"] > 0 and s["errors"] == 0, s
+calls = {e.get("call") for e in ev if e["ev"] == "restore_wait"}
+assert any("MemcpyBatchAsync" in (c or "") for c in calls), calls
+print("     batch copies waited for restores: " + ", ".join(sorted(c for c in calls if c and "Batch" in c)))
 '
 
 # 3b. A launch out of memory: retried at the driver after slots gave pages back, so the runtime

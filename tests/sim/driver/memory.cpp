@@ -753,6 +753,31 @@ CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcon
   return copy_sync(SIM_DPTR(dst), SIM_DPTR(src), bytes, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
 }
 
+// A batch of linear copies (CUDA 12.8; the CUDA 13 revision has no failure index): each copy as
+// cuMemcpyAsync would make it, in order on the stream. As the driver documents: a batch has at
+// least one copy and one attribute set, attrsIdxs[0] is 0, the indices rise and stay below
+// count, and the legacy NULL stream is refused.
+CUresult CUDAAPI cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                       size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs,
+                                       size_t numAttrs, CUstream hs) {
+  SIM_ENTER();
+  if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || numAttrs == 0 ||
+      numAttrs > count || attrs == nullptr || attrsIdxs == nullptr || attrsIdxs[0] != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t i = 1; i < numAttrs; ++i) {
+    if (attrsIdxs[i] <= attrsIdxs[i - 1] || attrsIdxs[i] >= count) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (hs == CU_STREAM_LEGACY || (hs == nullptr && !tls_null_is_per_thread)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    SIM_TRY(copy_async(SIM_DPTR(dsts[i]), SIM_DPTR(srcs[i]), sizes[i], hs,
+                       unified_type(SIM_DPTR(dsts[i])), unified_type(SIM_DPTR(srcs[i]))));
+  }
+  return CUDA_SUCCESS;
+}
+
 // Memsets: `count` elements per row, `height` rows `pitch` bytes apart (0: one row).
 static CUresult memset_async(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
                              CUstream hs, size_t pitch = 0, size_t height = 1) {

@@ -55,6 +55,10 @@ SIM_PER_THREAD(cuMemcpyPeer_ptds, cuMemcpyPeer,
 SIM_PER_THREAD(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync,
                (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h),
                (d, dc, s, sc, n, h))
+SIM_PER_THREAD(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync_v2,
+               (CUdeviceptr * d, CUdeviceptr* s, size_t* n, size_t c, CUmemcpyAttributes* a,
+                size_t* i, size_t na, CUstream h),
+               (d, s, n, c, a, i, na, h))
 SIM_PER_THREAD(cuMemsetD16_v2_ptds, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n),
                (d, v, n))
 SIM_PER_THREAD(cuMemsetD16Async_ptsz, cuMemsetD16Async,
@@ -214,6 +218,7 @@ const Entry kEntries[] = {
     EP("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz),
     EP("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds),
     EP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz),
+    EP("cuMemcpyBatchAsync", 13000, cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz),
     EP("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds),
     EP("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz),
     EP("cuMemsetD2D8", 3020, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds),

@@ -76,7 +76,7 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)        \
   X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)               \
   X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
-  X(cuMemcpyPeerAsync) X(cuCtxGetCurrent)
+  X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync)
 // clang-format on
 
 struct Driver {
@@ -480,6 +480,34 @@ SIM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cu
   return note(copy(dst, src, bytes, kind, s, true));
 }
 
+// A batch of copies: the driver's, with the attributes carried over field by field.
+SIM_API cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs,
+                                         const size_t* sizes, size_t count,
+                                         cudaMemcpyAttributes* attrs, size_t* attrsIdxs,
+                                         size_t numAttrs, cudaStream_t s) {
+  RT_ENTER();
+  if (dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr) {
+    return note(cudaErrorInvalidValue);
+  }
+  std::vector<CUdeviceptr> d(count), from(count);
+  std::vector<size_t> n(sizes, sizes + count);
+  for (size_t i = 0; i < count; ++i) {
+    d[i] = dptr(dsts[i]);
+    from[i] = dptr(srcs[i]);
+  }
+  std::vector<CUmemcpyAttributes> a(numAttrs);
+  for (size_t i = 0; i < numAttrs; ++i) {
+    a[i].srcAccessOrder = static_cast<CUmemcpySrcAccessOrder>(attrs[i].srcAccessOrder);
+    a[i].srcLocHint.type = static_cast<CUmemLocationType>(attrs[i].srcLocHint.type);
+    a[i].srcLocHint.id = attrs[i].srcLocHint.id;
+    a[i].dstLocHint.type = static_cast<CUmemLocationType>(attrs[i].dstLocHint.type);
+    a[i].dstLocHint.id = attrs[i].dstLocHint.id;
+    a[i].flags = attrs[i].flags;
+  }
+  return note(drv().cuMemcpyBatchAsync(d.data(), from.data(), n.data(), count, a.data(), attrsIdxs,
+                                       numAttrs, cu(s)));
+}
+
 // 2D copies: rows of `width` bytes, `height` of them, each side's rows its pitch apart.
 static CUresult copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                         size_t height, cudaMemcpyKind kind, cudaStream_t s, bool async) {
@@ -837,6 +865,11 @@ SIM_API cudaError_t cudaMemcpy_ptds(void* d, const void* s, size_t n, cudaMemcpy
 SIM_API cudaError_t cudaMemset_ptds(void* p, int v, size_t n) {
   if (cudaError_t e = cudaMemsetAsync(p, v, n, cudaStreamPerThread)) return e;
   return cudaStreamSynchronize(cudaStreamPerThread);
+}
+SIM_API cudaError_t cudaMemcpyBatchAsync_ptsz(void* const* d, const void* const* s, const size_t* n,
+                                              size_t c, cudaMemcpyAttributes* a, size_t* i,
+                                              size_t na, cudaStream_t st) {
+  return cudaMemcpyBatchAsync(d, s, n, c, a, i, na, per_thread(st));
 }
 SIM_API cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k,
                                          cudaStream_t st) {

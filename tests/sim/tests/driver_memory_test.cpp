@@ -274,4 +274,48 @@ TEST_F(VmmTest, PitchedCopiesAndMemsetsMoveTheirRows) {
   ASSERT_CU(cuMemFree(other));
 }
 
+// A batch of copies (CUDA 13's cuMemcpyBatchAsync): each copy lands, in order on the stream, and
+// the driver's documented rules hold: at least one copy and one attribute set, attrsIdxs[0] is 0,
+// never the legacy NULL stream, and an unmapped address refuses the batch.
+TEST_F(VmmTest, ABatchOfCopiesMovesEachCopyAndKeepsTheDriversRules) {
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, 64));
+  ASSERT_CU(cuMemAlloc(&b, 64));
+  ASSERT_CU(cuMemsetD8(a, 0x5a, 64));
+  std::vector<uint8_t> host(32, 0);
+  CUstream stream = nullptr;
+  ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr dsts[] = {b, reinterpret_cast<CUdeviceptr>(host.data())};
+  CUdeviceptr srcs[] = {a, a + 32};
+  size_t sizes[] = {16, 32};
+  CUmemcpyAttributes attrs{};
+  attrs.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  size_t index = 0;
+  ASSERT_CU(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 1, stream));
+  ASSERT_CU(cuStreamSynchronize(stream));
+  std::vector<uint8_t> got(16, 0);
+  ASSERT_CU(cuMemcpyDtoH(got.data(), b, got.size()));
+  EXPECT_EQ(std::vector<uint8_t>(16, 0x5a), got);
+  EXPECT_EQ(std::vector<uint8_t>(32, 0x5a), host);
+
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 0, &attrs, &index, 1, stream));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 0, stream));
+  size_t late = 1;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &late, 1, stream));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 1, nullptr));
+  ManualSlot slot;
+  slot.reserve(kGran);
+  srcs[0] = slot.va;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 1, stream));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+  ASSERT_CU(cuStreamDestroy(stream));
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}
+
 }  // namespace
