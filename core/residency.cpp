@@ -182,6 +182,7 @@ struct Job {
   uint64_t after_evictions = 0;  // restore: the slot's evictions decided before it
   bool after_restore = false;    // evict: waits for the restore `ready` to have landed
   bool with_data = false;        // restore: copy the host copy back; evict: copy out first
+  bool hand_off = false;         // evict: its handle is kept for a restore of its size queued after
   std::vector<MarkRef> waits;    // evict: the marks of its last uses (recorded)
   const char* cause = "";
   uint64_t decided_ns = 0;
@@ -189,8 +190,9 @@ struct Job {
 
 struct Unmap {
   uint64_t slot = 0;
-  bool copied = false;   // has data: copied out before the unmap
-  bool may_keep = true;  // false for the program's out-of-memory: its pages go back to the device
+  bool copied = false;    // has data: copied out before the unmap
+  bool may_keep = true;   // false for the program's out-of-memory: its pages go back to the device
+  bool hand_off = false;  // kept whatever the budget: a restore of its size, queued after, maps it
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
   // What the copy waits for, checked on the host: the slot's last uses, and the restore it
@@ -342,6 +344,10 @@ class Residency {
                                      bool recorded_only = false) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
+  // Evicts `victims` to make room for `wanted`: a victim the size of a wanted slot that needs
+  // pages hands its handle to that slot's restore (one each).
+  void evict_handing_off_locked(const std::vector<Entry*>& victims,
+                                const std::vector<Entry*>& wanted, const char* cause, Actions* out);
   void wait_for_locked(Entry& e, const StreamKey& stream, Actions* out);
 
   // On an application thread, under submit_ and not mutex_.
@@ -815,6 +821,23 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   }
 }
 
+void Residency::evict_handing_off_locked(const std::vector<Entry*>& victims,
+                                         const std::vector<Entry*>& wanted, const char* cause,
+                                         Actions* out) {
+  std::vector<uint64_t> sizes;  // of the wanted slots that get pages
+  for (const Entry* e : wanted) {
+    if (e->where != Where::resident) sizes.push_back(e->pages);
+  }
+  for (Entry* v : victims) {
+    evict_locked(*v, cause, out);
+    auto it = std::find(sizes.begin(), sizes.end(), v->pages);
+    if (it != sizes.end() && v->mapped) {
+      out->jobs.back().hand_off = true;
+      sizes.erase(it);
+    }
+  }
+}
+
 // The stream must not run ahead of the slot's latest restore.
 void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out) {
   if (!e.restored_once) return;
@@ -1180,7 +1203,7 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         return entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0;
       });
       if (!still) continue;
-      for (Entry* v : victims) evict_locked(*v, "budget", &actions);
+      evict_handing_off_locked(victims, needed, "budget", &actions);
       for (Entry* e : needed) {
         if (e->where != Where::resident) {
           if (e->has_data) {  // a restore, not a first map
@@ -1354,11 +1377,13 @@ void Residency::prefetch(const std::vector<Slot*>& slots) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (Entry* v : victims) {
-      if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
-        evict_locked(*v, "budget", &actions);
-      }
-    }
+    victims.erase(std::remove_if(victims.begin(), victims.end(),
+                                 [this](Entry* v) {
+                                   return entries_.count(v->slot) == 0 ||
+                                          v->where != Where::resident || v->pins != 0;
+                                 }),
+                  victims.end());
+    evict_handing_off_locked(victims, wanted, "budget", &actions);
     const uint64_t budget = budget_locked(d).target;
     for (Entry* e : wanted) {
       if (entries_.count(e->slot) == 0 || e->where == Where::resident) continue;
@@ -1878,7 +1903,8 @@ void Residency::do_restore(Device& d, const Job& job) {
         const uint64_t kept = engine().spare_bytes(d.ordinal, e->pages, &reusable);
         const uint64_t adds = reusable ? 0 : e->pages;
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
-        if (ready && d.physical + kept + adds > budget) {
+        // Mapping a kept handle adds nothing to what the device holds: nothing to trim for it.
+        if (ready && !reusable && d.physical + kept + adds > budget) {
           trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;
         }
         if (ready) ++e->busy;
@@ -2012,6 +2038,7 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.bytes = e->bytes;
     unmap.copied = job.with_data;
     unmap.may_keep = std::string_view(job.cause) != "program";
+    unmap.hand_off = job.hand_off;
     unmap.waits = job.waits;
     unmap.flag = e->flag;
     unmap.restore = job.ready;
@@ -2271,8 +2298,11 @@ void Residency::run_unmapper(Device& d) {
         // the pages from mapped to kept, so the sum is what it was.
         // Never for the program's out-of-memory: those pages are what it asked for (an H200 run
         // kept 400 of the 752 MiB evicted for an allocation, and its next launch failed).
-        keep = unmap.may_keep &&
-               d.physical + engine().spare_bytes(d.ordinal) <= budget_locked(d).target;
+        // A hand-off is kept whatever the budget: the restore that this eviction makes room for
+        // maps it next, so what slots hold does not change (and its copy runs at the link's
+        // speed: docs/PERFORMANCE.md).
+        keep = unmap.may_keep && (unmap.hand_off || d.physical + engine().spare_bytes(d.ordinal) <=
+                                                        budget_locked(d).target);
       }
     }
     if (unmap.copied) {

@@ -251,6 +251,55 @@ TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPre
   ASSERT_CU(cuMemFree(held));
 }
 
+// Under pressure (the auto budget: slots fill the device, then leave down to its target), an
+// eviction made for a slot of its size hands its handle to that slot's map instead of releasing
+// it: the map takes a kept handle (a copy into it runs at the link's speed on the H200) and the
+// device holds no more than it did. Before, evictions over the target always released theirs, and
+// the capacity runs on the H200 reused 5% of their handles.
+TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
+  const std::string path =
+      ::testing::TempDir() + "/residency_handoff_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(path.c_str());
+  std::string error;
+  ASSERT_TRUE(trace::open(path, &error)) << error;
+  configure(0, 0, residency::Handshake::automatic, /*reserve=*/4 * kPage);
+  size_t free = 0, total = 0;
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  CUdeviceptr held = 0;
+  ASSERT_CU(cuMemAlloc(&held, free - 6 * kPage));
+  std::vector<Slot*> slots;
+  for (uint32_t i = 0; i < 7; ++i) {  // the seventh finds the device full: five leave
+    slots.push_back(make_slot());
+    fill(slots.back(), 70 + i);
+  }
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({slots[0], slots[1], slots[2], slots[3], slots[4]}, false);
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  EXPECT_EQ(free, 4 * kPage) << "the reserve is free for the program";
+  for (uint32_t i = 0; i < 7; ++i) expect_holds(slots[i], 70 + i);
+  trace::close();
+  std::ifstream in(path);
+  std::string line, first_release;
+  int kept = 0, reused = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"ev\":\"remap\"") != std::string::npos &&
+        line.find("\"reused\":true") != std::string::npos) {
+      ++reused;
+    }
+    if (line.find("\"ev\":\"release\"") != std::string::npos) {
+      if (first_release.empty()) first_release = line;
+      kept += line.find("\"kept\":true") != std::string::npos ? 1 : 0;
+    }
+  }
+  std::remove(path.c_str());
+  // The first eviction for the seventh slot unmaps while slots hold 6 pages against a target of
+  // 2: only a hand-off keeps its handle then. Later ones may be kept by the budget's own rule.
+  EXPECT_NE(first_release.find("\"kept\":true"), std::string::npos) << first_release;
+  EXPECT_GE(reused, 1) << "no map took a handed-over handle";
+  EXPECT_LE(reused, kept);
+  ASSERT_CU(cuMemFree(held));
+}
+
 TEST_F(ResidencyTest, WithoutAScheduleTheLeastRecentlyUsedLeaves) {
   configure(2 * kPage);
   Slot* a = make_slot();
