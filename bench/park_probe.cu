@@ -12,6 +12,10 @@
 // the other streams created before it. The answer decides when a device-side handshake can park
 // an application stream without stalling vaswap's copies (docs/PLANNER.md, "Handshakes"). The
 // kernel is loaded before anything parks, unless PARK_PROBE_LAZY=1.
+//
+// The default run parks S both with cuStreamWaitValue32 and as vaswap does (a cuStreamBatchMemOp
+// of one wait), and also times copies between timing events, as vaswap's eviction worker does.
+// `park_probe --vmm` does vaswap's workers' VMM and pinned-memory calls while S is parked.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -133,8 +137,100 @@ int many_streams() {
   return 0;
 }
 
+// `park_probe --vmm`: what vaswap's workers do while the application's stream is parked on a
+// restore's flag. S parks; the host then does VMM work on buffers S never touches and copies on
+// O: (1) D2H out of a VMM-mapped buffer; (2) cuMemUnmap + cuMemRelease of another, then D2H;
+// (3) cuMemCreate + cuMemMap + cuMemSetAccess of a new buffer, then H2D into it; (4) the same
+// with a pinned buffer cuMemHostAlloc'ed while S is parked. Each: does O's copy complete within
+// 2 s while S stays parked?
+namespace {
+struct Vmm {
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  size_t bytes = 0;
+};
+CUmemAllocationProp vmm_prop() {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  return prop;
+}
+bool vmm_map(Vmm* v, size_t bytes) {
+  const CUmemAllocationProp prop = vmm_prop();
+  v->bytes = bytes;
+  if (v->va == 0 && cuMemAddressReserve(&v->va, bytes, 0, 0, 0) != CUDA_SUCCESS) return false;
+  if (cuMemCreate(&v->handle, bytes, &prop, 0) != CUDA_SUCCESS) return false;
+  if (cuMemMap(v->va, bytes, 0, v->handle, 0) != CUDA_SUCCESS) return false;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return cuMemSetAccess(v->va, bytes, &access, 1) == CUDA_SUCCESS;
+}
+bool vmm_unmap(Vmm* v) {
+  return cuMemUnmap(v->va, v->bytes) == CUDA_SUCCESS && cuMemRelease(v->handle) == CUDA_SUCCESS;
+}
+}  // namespace
+
+int vmm_while_parked() {
+  cudaSetDevice(0);
+  cudaFree(nullptr);
+  unsigned* flag = nullptr;
+  cudaHostAlloc(reinterpret_cast<void**>(&flag), 64, cudaHostAllocMapped);
+  void* host = nullptr;
+  cudaHostAlloc(&host, kBytes, cudaHostAllocDefault);
+  Vmm a, b, c;
+  if (!vmm_map(&a, kBytes) || !vmm_map(&b, kBytes)) {
+    std::printf("VMM setup failed\n");
+    return 1;
+  }
+  cudaMemset(reinterpret_cast<void*>(a.va), 1, kBytes);
+  cudaDeviceSynchronize();
+  cudaStream_t s, o;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&o, cudaStreamNonBlocking);
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  const char* cases[] = {"D2H out of a VMM buffer", "unmap+release another, then D2H",
+                         "create+map+access a new buffer, then H2D into it",
+                         "cuMemHostAlloc 32 MiB, then D2H into it"};
+  unsigned value = 0;
+  for (int k = 0; k < 4; ++k) {
+    ++value;
+    cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), value,
+                        CU_STREAM_WAIT_VALUE_GEQ);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto start = std::chrono::steady_clock::now();
+    bool host_ok = true;
+    void* fresh = nullptr;
+    if (k == 1) host_ok = vmm_unmap(&b);
+    if (k == 2) host_ok = vmm_map(&c, kBytes);
+    if (k == 3) host_ok = cuMemHostAlloc(&fresh, kBytes, 0) == CUDA_SUCCESS;
+    const double host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (k == 2) {
+      cudaMemcpyAsync(reinterpret_cast<void*>(c.va), host, kBytes, cudaMemcpyHostToDevice, o);
+    } else {
+      cudaMemcpyAsync(k == 3 ? fresh : host, reinterpret_cast<void*>(a.va), kBytes,
+                      cudaMemcpyDeviceToHost, o);
+    }
+    cudaEventRecord(done, o);
+    const bool ran = wait_event(done, 2.0);
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+    cudaStreamSynchronize(s);
+    cudaStreamSynchronize(o);
+    if (fresh != nullptr) cuMemFreeHost(fresh);
+    std::printf("S parked; %-50s host calls %s in %.2f ms; O's copy %s\n", cases[k],
+                host_ok ? "ok" : "FAILED", host_ms,
+                ran ? "ran" : "DID NOT RUN until the flag was written");
+  }
+  std::printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
+  if (argc > 1 && std::strcmp(argv[1], "--vmm") == 0) return vmm_while_parked();
   cudaSetDevice(0);
   cudaFree(nullptr);
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -161,29 +257,53 @@ int main(int argc, char** argv) {
   cudaEvent_t done;
   cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
 
+  // Timing events (created without cudaEventDisableTiming) around a copy, as vaswap's eviction
+  // worker records them to time its D2H; and the park made as vaswap makes it, a batch of one
+  // wait-value operation.
+  cudaEvent_t timed_start, timed_end;
+  cudaEventCreate(&timed_start);
+  cudaEventCreate(&timed_end);
   const char* behinds[] = {"nothing", "an eager kernel", "a graph launch", "a D2D copy"};
-  const char* works[] = {"D2H copy", "H2D copy", "D2D copy", "kernel"};
+  const char* works[] = {"D2H copy", "H2D copy", "D2D copy", "kernel", "timed D2H", "timed H2D"};
   unsigned value = 0;
-  for (int behind = 0; behind < 4; ++behind) {
-    for (int work = 0; work < 4; ++work) {
-      ++value;
-      cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), value,
-                          CU_STREAM_WAIT_VALUE_GEQ);
-      if (behind == 1) spin<<<1, 32, 0, s>>>(counter);
-      if (behind == 2) cudaGraphLaunch(x, s);
-      if (behind == 3) cudaMemcpyAsync(dev_b, dev_a, kBytes, cudaMemcpyDeviceToDevice, s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      if (work == 0) cudaMemcpyAsync(host, dev_a, kBytes, cudaMemcpyDeviceToHost, o);
-      if (work == 1) cudaMemcpyAsync(dev_a, host, kBytes, cudaMemcpyHostToDevice, o);
-      if (work == 2) cudaMemcpyAsync(dev_a, dev_b, kBytes, cudaMemcpyDeviceToDevice, o);
-      if (work == 3) spin<<<1, 32, 0, o>>>(counter);
-      cudaEventRecord(done, o);
-      const bool ran = wait_event(done, 2.0);
-      __atomic_store_n(flag, value, __ATOMIC_RELEASE);
-      cudaStreamSynchronize(s);
-      cudaStreamSynchronize(o);
-      std::printf("S parked, %-15s behind the wait; O's %-9s %s\n", behinds[behind], works[work],
-                  ran ? "ran" : "DID NOT RUN until the flag was written");
+  for (int park = 0; park < 2; ++park) {
+    std::printf("parked with %s\n", park == 0 ? "cuStreamWaitValue32" : "cuStreamBatchMemOp");
+    for (int behind = 0; behind < 4; ++behind) {
+      for (int work = 0; work < 6; ++work) {
+        ++value;
+        if (park == 0) {
+          cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag),
+                              value, CU_STREAM_WAIT_VALUE_GEQ);
+        } else {
+          CUstreamBatchMemOpParams op{};
+          op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+          op.waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
+          op.waitValue.value = value;
+          op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+          cuStreamBatchMemOp(reinterpret_cast<CUstream>(s), 1, &op, 0);
+        }
+        if (behind == 1) spin<<<1, 32, 0, s>>>(counter);
+        if (behind == 2) cudaGraphLaunch(x, s);
+        if (behind == 3) cudaMemcpyAsync(dev_b, dev_a, kBytes, cudaMemcpyDeviceToDevice, s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (work == 0) cudaMemcpyAsync(host, dev_a, kBytes, cudaMemcpyDeviceToHost, o);
+        if (work == 1) cudaMemcpyAsync(dev_a, host, kBytes, cudaMemcpyHostToDevice, o);
+        if (work == 2) cudaMemcpyAsync(dev_a, dev_b, kBytes, cudaMemcpyDeviceToDevice, o);
+        if (work == 3) spin<<<1, 32, 0, o>>>(counter);
+        if (work >= 4) {
+          cudaEventRecord(timed_start, o);
+          if (work == 4) cudaMemcpyAsync(host, dev_a, kBytes, cudaMemcpyDeviceToHost, o);
+          if (work == 5) cudaMemcpyAsync(dev_a, host, kBytes, cudaMemcpyHostToDevice, o);
+          cudaEventRecord(timed_end, o);
+        }
+        cudaEventRecord(done, o);
+        const bool ran = wait_event(done, 2.0);
+        __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+        cudaStreamSynchronize(s);
+        cudaStreamSynchronize(o);
+        std::printf("S parked, %-15s behind the wait; O's %-9s %s\n", behinds[behind], works[work],
+                    ran ? "ran" : "DID NOT RUN until the flag was written");
+      }
     }
   }
   std::printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
