@@ -2376,7 +2376,39 @@ void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
                  Acquired* acquired, std::string* message, Checked checked) {
-  return the().acquire(slots, stream, what, acquired, message, checked);
+  // One device's slots at a time: a peer copy names slots of two devices, and each device's
+  // budget, workers and flags are its own. The stream waits for every group's restores (an event
+  // or a flag of another device: both may be waited for across devices).
+  std::vector<int> devices;
+  for (const Slot* slot : slots) {
+    if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
+      devices.push_back(slot->device);
+    }
+  }
+  if (devices.size() <= 1) return the().acquire(slots, stream, what, acquired, message, checked);
+  acquired->slots.clear();
+  acquired->stream = stream;
+  for (int device : devices) {
+    std::vector<Slot*> group;
+    for (Slot* slot : slots) {
+      if (slot->device == device) group.push_back(slot);
+    }
+    Acquired part;
+    const CUresult rc = the().acquire(group, stream, what, &part, message, checked);
+    if (rc != CUDA_SUCCESS) {
+      the().used(*acquired);  // nothing was enqueued: the groups before give their pins back
+      acquired->slots.clear();
+      return rc;
+    }
+    acquired->slots.insert(acquired->slots.end(), part.slots.begin(), part.slots.end());
+    acquired->waits += part.waits;
+    acquired->demanded += part.demanded;
+    acquired->demanded_bytes += part.demanded_bytes;
+    acquired->host_waited = acquired->host_waited || part.host_waited;
+    acquired->host_wait_us += part.host_wait_us;
+    acquired->map_wait_us += part.map_wait_us;
+  }
+  return CUDA_SUCCESS;
 }
 void used(const Acquired& acquired) { the().used(acquired); }
 void evict(const std::vector<Slot*>& slots, const char* cause) { the().evict(slots, cause); }

@@ -641,6 +641,44 @@ TEST_F(ResidencyTest, TwoDevicesFromOneThreadKeepTheirOwnBudgets) {
   expect_holds(b0, 32);
 }
 
+// A peer copy names slots of two devices: a copy on device 0's stream from device 3's slot, which
+// is away, into a device-0 slot. Each device's slots come back on their own device, and the stream
+// waits for both (before, device 3's slot was skipped as "another device's" and the copy read
+// unmapped pages: a fault on the simulator, an error or garbage on a GPU).
+TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
+  configure(1 * kPage);
+  bind_device(3);
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  std::swap(other, stream_);
+  Slot* a3 = make_slot(3);
+  Slot* b3 = make_slot(3);
+  fill(a3, 51);
+  fill(b3, 52);  // a3 leaves device 3
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({a3}, false);
+  std::swap(other, stream_);
+  bind_device(0);
+  Slot* a0 = make_slot(0);
+  Slot* b0 = make_slot(0);
+  fill(a0, 53);
+  fill(b0, 54);  // a0 leaves device 0
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({a0}, false);
+  // Device 0's stream copies a3 (device 3, away) into a0 (device 0, away).
+  ASSERT_EQ(CUDA_SUCCESS, use({a0, a3}, [&] {
+              ASSERT_CU(cuMemcpyPeerAsync(a0->va, nullptr, a3->va, nullptr, kPage, stream_));
+            }));
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  expect_holds(a0, 51);
+  std::swap(other, stream_);
+  bind_device(3);
+  expect_holds(a3, 51);
+  std::swap(other, stream_);
+  bind_device(0);
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 // A handshake that cannot complete (the stream an eviction waits for never gets there) becomes a
 // named error and the end of the process, within residency.wait_limit: never a silent hang.
 TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
