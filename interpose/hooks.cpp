@@ -709,9 +709,13 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
   }
 };
 
-// Batches of copies (cudaMemcpyBatchAsync, cuMemcpyBatchAsync; CUDA 12.8's revision with a
-// failure index is not hooked): (dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs,
-// stream). Every copy's two addresses are looked up, as for one copy.
+// Batches of copies (cuMemcpyBatchAsync, CUDA 13's revision): (dsts, srcs, sizes, count, attrs,
+// attrs_idxs, num_attrs, stream). Every copy's two addresses are looked up, as for one copy. The
+// runtime's cudaMemcpyBatchAsync is not hooked: its CUDA 12.8 form has a failure index before the
+// stream, and libcudart.so.12 exports it under the same unversioned name, so a hook with one
+// signature would pass another runtime the wrong arguments. cudart reaches the driver's
+// cuMemcpyBatchAsync (the revision of its own version), which is hooked; CUDA 12.8's revision
+// of it passes through.
 template <class Fn>
 struct CopyBatch;
 template <class R, class D, class S, class Z, class... Rest>
