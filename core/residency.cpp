@@ -182,7 +182,7 @@ struct Job {
   uint64_t after_evictions = 0;  // restore: the slot's evictions decided before it
   bool after_restore = false;    // evict: waits for the restore `ready` to have landed
   bool with_data = false;        // restore: copy the host copy back; evict: copy out first
-  bool hand_off = false;         // evict: its handle is kept for a restore of its size queued after
+  uint64_t hand_to = 0;          // evict: the slot (id) of its size whose map takes its handle
   std::vector<MarkRef> waits;    // evict: the marks of its last uses (recorded)
   const char* cause = "";
   uint64_t decided_ns = 0;
@@ -190,9 +190,9 @@ struct Job {
 
 struct Unmap {
   uint64_t slot = 0;
-  bool copied = false;    // has data: copied out before the unmap
-  bool may_keep = true;   // false for the program's out-of-memory: its pages go back to the device
-  bool hand_off = false;  // kept whatever the budget: a restore of its size, queued after, maps it
+  bool copied = false;   // has data: copied out before the unmap
+  bool may_keep = true;  // false for the program's out-of-memory: its pages go back to the device
+  uint64_t hand_to = 0;  // a slot of its size whose map is to take the handle (0: none)
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
   // What the copy waits for, checked on the host: the slot's last uses, and the restore it
@@ -824,16 +824,17 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
 void Residency::evict_handing_off_locked(const std::vector<Entry*>& victims,
                                          const std::vector<Entry*>& wanted, const char* cause,
                                          Actions* out) {
-  std::vector<uint64_t> sizes;  // of the wanted slots that get pages
+  std::vector<const Entry*> waiting;  // the wanted slots that get pages
   for (const Entry* e : wanted) {
-    if (e->where != Where::resident) sizes.push_back(e->pages);
+    if (e->where != Where::resident) waiting.push_back(e);
   }
   for (Entry* v : victims) {
     evict_locked(*v, cause, out);
-    auto it = std::find(sizes.begin(), sizes.end(), v->pages);
-    if (it != sizes.end() && v->mapped) {
-      out->jobs.back().hand_off = true;
-      sizes.erase(it);
+    auto it = std::find_if(waiting.begin(), waiting.end(),
+                           [v](const Entry* e) { return e->pages == v->pages; });
+    if (it != waiting.end() && v->mapped) {
+      out->jobs.back().hand_to = (*it)->id;
+      waiting.erase(it);
     }
   }
 }
@@ -2038,7 +2039,7 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.bytes = e->bytes;
     unmap.copied = job.with_data;
     unmap.may_keep = std::string_view(job.cause) != "program";
-    unmap.hand_off = job.hand_off;
+    unmap.hand_to = job.hand_to;
     unmap.waits = job.waits;
     unmap.flag = e->flag;
     unmap.restore = job.ready;
@@ -2298,11 +2299,15 @@ void Residency::run_unmapper(Device& d) {
         // the pages from mapped to kept, so the sum is what it was.
         // Never for the program's out-of-memory: those pages are what it asked for (an H200 run
         // kept 400 of the 752 MiB evicted for an allocation, and its next launch failed).
-        // A hand-off is kept whatever the budget: the restore that this eviction makes room for
-        // maps it next, so what slots hold does not change (and its copy runs at the link's
-        // speed: docs/PERFORMANCE.md).
-        keep = unmap.may_keep && (unmap.hand_off || d.physical + engine().spare_bytes(d.ordinal) <=
-                                                        budget_locked(d).target);
+        // A hand-off is kept whatever the budget: the slot this eviction makes room for maps it
+        // next, so what slots hold does not change (and its copy runs at the link's speed:
+        // docs/PERFORMANCE.md). Only while that slot still waits for its pages: a restore that
+        // found room meanwhile made a handle of its own, and this one would be one too many.
+        const Entry* to = unmap.hand_to != 0 ? by_id_locked(unmap.hand_to) : nullptr;
+        const bool hand_off =
+            to != nullptr && !to->forgotten && !to->mapped && to->where == Where::resident;
+        keep = unmap.may_keep && (hand_off || d.physical + engine().spare_bytes(d.ordinal) <=
+                                                  budget_locked(d).target);
       }
     }
     if (unmap.copied) {
@@ -2386,6 +2391,9 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
     }
   }
   if (devices.size() <= 1) return the().acquire(slots, stream, what, acquired, message, checked);
+  // In one order for every thread: two peer copies the other way round would each hold one
+  // device's slots while waiting for room on the other.
+  std::sort(devices.begin(), devices.end());
   acquired->slots.clear();
   acquired->stream = stream;
   for (int device : devices) {
@@ -2396,7 +2404,9 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
     Acquired part;
     const CUresult rc = the().acquire(group, stream, what, &part, message, checked);
     if (rc != CUDA_SUCCESS) {
-      the().used(*acquired);  // nothing was enqueued: the groups before give their pins back
+      // The program's copy is not enqueued: the groups before give their pins back (the stream
+      // waits they enqueued stay, and later work on the stream waits for them too).
+      the().used(*acquired);
       acquired->slots.clear();
       return rc;
     }

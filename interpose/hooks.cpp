@@ -92,10 +92,34 @@ void* find_runtime_real(int index) {
   return find_runtime_symbol(kEntries[index].symbol, wrapper(index));
 }
 
+// The driver's own version (cuDriverGetVersion), read once; 0 when it cannot be read.
+int driver_version(GetProcAddress get_proc_address) {
+  static std::atomic<int> cached{-1};
+  int version = cached.load(std::memory_order_acquire);
+  if (version >= 0) return version;
+  using GetVersion = CUresult (*)(int*);
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  version = 0;
+  if (get_proc_address("cuDriverGetVersion", &fn, 2020, CU_GET_PROC_ADDRESS_DEFAULT, &status) ==
+          CUDA_SUCCESS &&
+      fn != nullptr && reinterpret_cast<GetVersion>(fn)(&version) != CUDA_SUCCESS) {
+    version = 0;
+  }
+  cached.store(version, std::memory_order_release);
+  return version;
+}
+
 void* find_driver_real(int index) {
   const Entry& e = kEntries[index];
   GetProcAddress get_proc_address = driver_get_proc_address();
   if (get_proc_address == nullptr) return nullptr;
+  // A driver older than the revision a hook wraps answers with an older revision under the same
+  // name, whose signature differs (cuMemcpyBatchAsync: CUDA 12.8's has a failure index before the
+  // stream). Not hooked there: the call passes through unhandled rather than with the wrong
+  // arguments.
+  const int have = driver_version(get_proc_address);
+  if (have != 0 && have < e.version) return nullptr;
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const cuuint64_t flags = e.per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM

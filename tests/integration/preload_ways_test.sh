@@ -9,6 +9,7 @@
 #     records a copy into it (not before); the other one is passed through;
 #   - with a residency budget smaller than that slot, its launch gets the API's out-of-memory
 #     error, with a message, and nothing runs.
+# Then a driver older than a hooked revision (batch_probe.cpp): its own revision passes through.
 set -euo pipefail
 build=$1
 src=$2
@@ -102,3 +103,12 @@ PY
     { echo "FAIL $way: mode=off still counted calls"; cat "$tmp/err"; exit 1; }
   echo "ok   $way: identical with vaswap off, and nothing seen"
 done
+
+# An older driver answers an older ABI revision under a hooked name. On a simulator that says it is
+# a CUDA 12.8 driver, cuGetProcAddress("cuMemcpyBatchAsync", 12080) is the 9-argument form (a
+# failure index before the stream): vaswap must hand out the driver's function, not its wrapper
+# of CUDA 13's 8-argument form (which would take the failure index for the stream).
+VASWAP_SIM_DRIVER_VERSION=12080 run -- "$build/bin/batch_probe" >"$tmp/out" 2>"$tmp/err" ||
+  { echo "FAIL batch_probe: CUDA 12.8's cuMemcpyBatchAsync failed under vaswap"; cat "$tmp/err"; exit 1; }
+grep -q "batch v1: ok (driver 12080)" "$tmp/out" || { echo "FAIL batch_probe"; cat "$tmp/out"; exit 1; }
+echo "ok   an older driver's revision of a hooked name passes through: $(cat "$tmp/out")"

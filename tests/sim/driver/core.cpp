@@ -309,9 +309,20 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
   return device_count() == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
 
+// VASWAP_SIM_DRIVER_VERSION (say 12080) makes the simulator an older driver: it says so, and
+// cuGetProcAddress answers no ABI revision newer than it.
+int vsim::driver_version() {
+  static const int version = [] {
+    const char* v = std::getenv("VASWAP_SIM_DRIVER_VERSION");
+    const int asked = v != nullptr ? std::atoi(v) : 0;
+    return asked > 0 && asked < CUDA_VERSION ? asked : CUDA_VERSION;
+  }();
+  return version;
+}
+
 CUresult CUDAAPI cuDriverGetVersion(int* version) {
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *version = CUDA_VERSION;
+  *version = driver_version();
   return CUDA_SUCCESS;
 }
 

@@ -5,6 +5,7 @@
 // revision not newer than that version (cuMemAlloc_v2), and with the _ptsz/_ptds twin when asked
 // for per-thread default-stream semantics. The table below is the single list of what the
 // simulated driver offers.
+#include <algorithm>
 #include <cstring>
 
 #include "state.h"
@@ -218,6 +219,7 @@ const Entry kEntries[] = {
     EP("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz),
     EP("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds),
     EP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz),
+    E("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_sim_v1),
     EP("cuMemcpyBatchAsync", 13000, cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz),
     EP("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds),
     EP("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz),
@@ -332,7 +334,10 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
   for (const Entry& e : kEntries) {
     if (std::strcmp(e.name, symbol) != 0) continue;
     exists = true;
-    if (e.version <= version && (best == nullptr || e.version > best->version)) best = &e;
+    if (e.version <= std::min(version, driver_version()) &&
+        (best == nullptr || e.version > best->version)) {
+      best = &e;
+    }
   }
   *pfn = nullptr;
   if (best == nullptr) {

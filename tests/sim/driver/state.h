@@ -316,9 +316,18 @@ void run_memset(const CUDA_MEMSET_NODE_PARAMS& m);
 // False with VASWAP_SIM_MEMOPS=0 (a system without stream memory operations).
 bool memops_supported();
 // Checks one operation as the driver does (kind, flags, alignment); CUDA_SUCCESS when valid.
+// The CUDA version this driver says it is (VASWAP_SIM_DRIVER_VERSION, else the headers').
+int driver_version();
 CUresult check_memop(const CUstreamBatchMemOpParams& op);
 // Runs a batch on the calling (stream worker) thread: a wait polls its address until the
 // condition holds; a write stores the value.
 void run_memops(const std::vector<CUstreamBatchMemOpParams>& ops);
 
 }  // namespace vsim
+
+// CUDA 12.8's revision of cuMemcpyBatchAsync (failure index before the stream); cuda.h of CUDA 13
+// no longer declares it, and only cuGetProcAddress reaches it.
+CUresult CUDAAPI cuMemcpyBatchAsync_sim_v1(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                           size_t count, CUmemcpyAttributes* attrs,
+                                           size_t* attrsIdxs, size_t numAttrs, size_t* failIdx,
+                                           CUstream hs);

@@ -1,6 +1,8 @@
 // The simulated driver's memory model: VMM semantics, physical accounting, pointer queries.
 #include <sys/wait.h>
 
+#include <algorithm>
+
 #include "sim_test.h"
 
 namespace {
@@ -307,11 +309,20 @@ TEST_F(VmmTest, ABatchOfCopiesMovesEachCopyAndKeepsTheDriversRules) {
                 cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &late, 1, stream));
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
                 cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 1, nullptr));
+  CUmemcpyAttributes unset{};  // srcAccessOrder INVALID
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &unset, &index, 1, stream));
+  // All or nothing: the second copy's source is unmapped, and the first is not made either.
   ManualSlot slot;
   slot.reserve(kGran);
-  srcs[0] = slot.va;
+  std::fill(host.begin(), host.end(), 0);
+  dsts[0] = reinterpret_cast<CUdeviceptr>(host.data());
+  srcs[0] = a;
+  srcs[1] = slot.va;
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
                 cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attrs, &index, 1, stream));
+  ASSERT_CU(cuStreamSynchronize(stream));
+  EXPECT_EQ(std::vector<uint8_t>(32, 0), host) << "a copy of a refused batch was made";
   ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
   ASSERT_CU(cuStreamDestroy(stream));
   ASSERT_CU(cuMemFree(a));
