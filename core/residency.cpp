@@ -211,7 +211,20 @@ struct Unmap {
 
 // Which of an eviction's dependencies had not completed when its wait ran out.
 std::string stuck_part(const Driver& driver, const Unmap& unmap) {
-  if (unmap.submitted) return "; its D2H copy did not complete";
+  if (unmap.submitted) {
+    // Whether the copy began tells a stream held back before it (the event before the copy has
+    // not completed: something ahead of it on the offload stream, or the device's queues) from a
+    // copy that began and does not end.
+    const CUresult started =
+        unmap.start != nullptr ? driver.cuEventQuery(unmap.start) : CUDA_SUCCESS;
+    return std::string("; its D2H copy did not complete (") +
+           (started == CUDA_SUCCESS ? "it began"
+            : started == CUDA_ERROR_NOT_READY
+                ? "it never began: the event before it on the offload "
+                  "stream has not completed"
+                : "the event before it: " + cuda_error_name(started)) +
+           ")";
+  }
   size_t pending = 0;
   for (const MarkRef& mark : unmap.waits) {
     pending += !mark->complete(driver);
@@ -1654,6 +1667,13 @@ Stats Residency::stats() {
           log().debug("  job: {} slot {} waits {} ({} open, {} running)",
                       job.kind == JobKind::restore ? "restore" : "evict", job.slot,
                       job.waits.size(), open, running);
+        }
+      }
+      for (const auto& [key, waits] : parked_) {
+        for (const auto& [flag, value] : waits) {
+          log().debug("stream {}: waits on the device for flag {} to reach {}; it holds {}",
+                      hex(reinterpret_cast<uintptr_t>(key.handle)), hex(flag.device), value,
+                      __atomic_load_n(flag.host, __ATOMIC_ACQUIRE));
         }
       }
       for (const auto& [slot, e] : entries_) {

@@ -641,6 +641,27 @@ TEST_F(ResidencyTest, TwoDevicesFromOneThreadKeepTheirOwnBudgets) {
   expect_holds(b0, 32);
 }
 
+// An eviction's copy that does not end is named, and whether it began: a stalled copy engine (the
+// copy began) reads differently from a stream held back before the copy (it never began), which
+// is what the device handshake's stall on the H200 needs told apart.
+TEST_F(ResidencyTest, AStalledEvictionCopySaysWhetherItBegan) {
+  EXPECT_EXIT(
+      {
+        residency::Settings s;
+        s.budget_bytes = 1 * kPage;
+        s.wait_limit_ns = 300000000;  // 0.3 s
+        residency::configure(s);
+        Slot* a = make_slot();
+        fill(a, 1);
+        ASSERT_CU(cuStreamSynchronize(stream_));
+        vaswapSimInjectFault("copy_stall", 1, 5000);  // the next copy to run: a's D2H
+        residency::evict({a}, "plan");                // no restore waits for its room: one watchdog
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(70), "D2H copy did not complete \\(it began\\)");
+}
+
 // A peer copy names slots of two devices: a copy on device 0's stream from device 3's slot, which
 // is away, into a device-0 slot. Each device's slots come back on their own device, and the stream
 // waits for both (before, device 3's slot was skipped as "another device's" and the copy read
