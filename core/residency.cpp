@@ -2404,13 +2404,16 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
   // One device's slots at a time: a peer copy names slots of two devices, and each device's
   // budget, workers and flags are its own. The stream waits for every group's restores (an event
   // or a flag of another device: both may be waited for across devices).
-  std::vector<int> devices;
+  const bool one_device = std::all_of(slots.begin(), slots.end(), [&slots](const Slot* slot) {
+    return slot->device == slots.front()->device;
+  });
+  if (one_device) return the().acquire(slots, stream, what, acquired, message, checked);
+  std::vector<int> devices;  // a launch's own path above allocates nothing for this
   for (const Slot* slot : slots) {
     if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
       devices.push_back(slot->device);
     }
   }
-  if (devices.size() <= 1) return the().acquire(slots, stream, what, acquired, message, checked);
   // In one order for every thread: two peer copies the other way round would each hold one
   // device's slots while waiting for room on the other.
   std::sort(devices.begin(), devices.end());

@@ -93,6 +93,39 @@ class ResidencyTest : public SimTest {
         std::count_if(host.begin(), host.end(), [seed](uint32_t w) { return w != seed; });
     EXPECT_EQ(wrong, 0) << "slot " << slot->id << " lost " << wrong << " words of " << kWords;
   }
+  // A trace for this test alone, open from now; read_reuse() closes it and reads it back.
+  std::string open_trace(const char* name) {
+    std::string path =
+        ::testing::TempDir() + "/residency_" + name + "_" + std::to_string(::getpid()) + ".jsonl";
+    std::remove(path.c_str());
+    std::string error;
+    EXPECT_TRUE(trace::open(path, &error)) << error;
+    return path;
+  }
+  // What the trace says of page reuse: maps (`remap`) and those that took a kept handle; releases
+  // and those that kept theirs, and the first release's line.
+  struct Reuse {
+    int remaps = 0, reused = 0, releases = 0, kept = 0;
+    std::string first_release;
+  };
+  static Reuse read_reuse(const std::string& path) {
+    trace::close();
+    Reuse r;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const bool kept = line.find("\"kept\":true") != std::string::npos;
+      if (line.find("\"ev\":\"remap\"") != std::string::npos) {
+        ++r.remaps;
+        r.reused += line.find("\"reused\":true") != std::string::npos ? 1 : 0;
+      } else if (line.find("\"ev\":\"release\"") != std::string::npos) {
+        if (r.releases++ == 0) r.first_release = line;
+        r.kept += kept ? 1 : 0;
+      }
+    }
+    std::remove(path.c_str());
+    return r;
+  }
   // Waits until the slots' pages are as given (the unmapper works on its own thread).
   void wait_mapped(const std::vector<Slot*>& slots, bool want) {
     for (int i = 0; i < 2000; ++i) {
@@ -257,11 +290,7 @@ TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPre
 // device holds no more than it did. Before, evictions over the target always released theirs, and
 // the capacity runs on the H200 reused 5% of their handles.
 TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
-  const std::string path =
-      ::testing::TempDir() + "/residency_handoff_" + std::to_string(::getpid()) + ".jsonl";
-  std::remove(path.c_str());
-  std::string error;
-  ASSERT_TRUE(trace::open(path, &error)) << error;
+  const std::string path = open_trace("handoff");
   configure(0, 0, residency::Handshake::automatic, /*reserve=*/4 * kPage);
   size_t free = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free, &total));
@@ -277,26 +306,12 @@ TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
   ASSERT_CU(cuMemGetInfo(&free, &total));
   EXPECT_EQ(free, 4 * kPage) << "the reserve is free for the program";
   for (uint32_t i = 0; i < 7; ++i) expect_holds(slots[i], 70 + i);
-  trace::close();
-  std::ifstream in(path);
-  std::string line, first_release;
-  int kept = 0, reused = 0;
-  while (std::getline(in, line)) {
-    if (line.find("\"ev\":\"remap\"") != std::string::npos &&
-        line.find("\"reused\":true") != std::string::npos) {
-      ++reused;
-    }
-    if (line.find("\"ev\":\"release\"") != std::string::npos) {
-      if (first_release.empty()) first_release = line;
-      kept += line.find("\"kept\":true") != std::string::npos ? 1 : 0;
-    }
-  }
-  std::remove(path.c_str());
+  const Reuse r = read_reuse(path);
   // The first eviction for the seventh slot unmaps while slots hold 6 pages against a target of
   // 2: only a hand-off keeps its handle then. Later ones may be kept by the budget's own rule.
-  EXPECT_NE(first_release.find("\"kept\":true"), std::string::npos) << first_release;
-  EXPECT_GE(reused, 1) << "no map took a handed-over handle";
-  EXPECT_LE(reused, kept);
+  EXPECT_NE(r.first_release.find("\"kept\":true"), std::string::npos) << r.first_release;
+  EXPECT_GE(r.reused, 1) << "no map took a handed-over handle";
+  EXPECT_LE(r.reused, r.kept);
   ASSERT_CU(cuMemFree(held));
 }
 
@@ -417,11 +432,7 @@ TEST_F(ResidencyTest, TheProgramsOutOfMemoryLeavesTheReserveFree) {
 // within the budget: what the device holds for slots, mapped or kept, never exceeds it. The trace
 // says which maps reused a kept handle.
 TEST_F(ResidencyTest, EvictedPagesAreKeptForTheNextRestoreWithinTheBudget) {
-  const std::string path =
-      ::testing::TempDir() + "/residency_reuse_" + std::to_string(::getpid()) + ".jsonl";
-  std::remove(path.c_str());
-  std::string error;
-  ASSERT_TRUE(trace::open(path, &error)) << error;
+  const std::string path = open_trace("reuse");
   configure(2 * kPage);
   const unsigned long long base = vaswapSimPhysicalBytes(0);
   std::vector<Slot*> slots;
@@ -437,22 +448,9 @@ TEST_F(ResidencyTest, EvictedPagesAreKeptForTheNextRestoreWithinTheBudget) {
       EXPECT_LE(vaswapSimPhysicalBytes(0) - base, 2 * kPage) << "round " << round << " slot " << i;
     }
   }
-  trace::close();
-  std::ifstream in(path);
-  std::string line;
-  int reused = 0, kept = 0, remaps = 0;
-  while (std::getline(in, line)) {
-    if (line.find("\"ev\":\"remap\"") != std::string::npos) {
-      ++remaps;
-      reused += line.find("\"reused\":true") != std::string::npos ? 1 : 0;
-    }
-    if (line.find("\"ev\":\"release\"") != std::string::npos) {
-      kept += line.find("\"kept\":true") != std::string::npos ? 1 : 0;
-    }
-  }
-  std::remove(path.c_str());
-  EXPECT_GE(kept, 8) << "evictions keep their handles";
-  EXPECT_GE(reused, 8) << "of " << remaps << " maps, few took a kept handle";
+  const Reuse r = read_reuse(path);
+  EXPECT_GE(r.kept, 8) << "evictions keep their handles";
+  EXPECT_GE(r.reused, 8) << "of " << r.remaps << " maps, few took a kept handle";
   EXPECT_GE(residency::stats().evictions, 8u);
 }
 
