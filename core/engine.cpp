@@ -60,14 +60,21 @@ std::unique_lock<std::mutex> Engine::driver_call_lock() {
 // finds the device full releases the kept handles first and tries again.
 CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t bytes,
                                                const std::string& subject, PageTimes* times,
-                                               bool report) {
+                                               uint64_t peers, bool report) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d.ordinal;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // The device's own access first, then each peer's: at most one of each bit of `peers`.
+  CUmemAccessDesc access[65]{};
+  unsigned accesses = 0;
+  for (int ordinal = -1; ordinal < 64; ++ordinal) {
+    if (ordinal >= 0 && (ordinal == d.ordinal || (peers >> ordinal & 1) == 0)) continue;
+    CUmemAccessDesc& desc = access[accesses++];
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = ordinal < 0 ? d.ordinal : ordinal;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
 
   auto lock = driver_call_lock();
   uint64_t t = trace::now_ns();
@@ -87,7 +94,7 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   check(rc, "cuMemMap", subject, report);
   times->map_us = trace::us_since(t);
   t = trace::now_ns();
-  rc = driver_.cuMemSetAccess(va, bytes, &access, 1);
+  rc = driver_.cuMemSetAccess(va, bytes, access, accesses);
   if (rc != CUDA_SUCCESS) {
     driver_.cuMemUnmap(va, bytes);
     driver_.cuMemRelease(handle);
@@ -450,7 +457,8 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted, bool back
   PageTimes times;
   if (backed) {
     try {
-      slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times, report);
+      slot->handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times,
+                               slot->peers.load(std::memory_order_acquire), report);
     } catch (const Error&) {
       auto lock = driver_call_lock();
       driver_.cuMemAddressFree(slot->va, slot->mapped_bytes);
@@ -483,12 +491,32 @@ void Engine::back(Slot* slot, const std::optional<BatchTiming>& timing, bool rep
   const uint64_t start = trace::now_ns();
   PageTimes times;
   const CUmemGenericAllocationHandle handle =
-      map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times, report);
+      map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times,
+                slot->peers.load(std::memory_order_acquire), report);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slot->handle = handle;
   }
   pages_mapped(facts_of(*slot), times, start, timing);
+}
+
+void Engine::grant_access(Slot* slot, int ordinal) {
+  if (ordinal == slot->device || ordinal < 0 || ordinal >= 64) return;
+  const uint64_t bit = uint64_t{1} << ordinal;
+  if ((slot->peers.load(std::memory_order_acquire) & bit) != 0) return;
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = ordinal;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  {
+    auto lock = driver_call_lock();
+    check(driver_.cuMemSetAccess(slot->va, slot->mapped_bytes, &access, 1), "cuMemSetAccess",
+          slot->describe() + ", for device " + std::to_string(ordinal) +
+              " (a copy on its stream names the slot)");
+  }
+  slot->peers.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep) {
@@ -687,7 +715,8 @@ void Engine::create_and_remap(Slot* slot) {
   PageTimes times;
   CUmemGenericAllocationHandle handle = 0;
   try {
-    handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times);
+    handle = map_pages(d, slot->va, slot->mapped_bytes, slot->describe(), &times,
+                       slot->peers.load(std::memory_order_acquire));
   } catch (const Error&) {
     end_sync(slot, std::nullopt);
     throw;

@@ -88,8 +88,12 @@ struct Slot {
   bool intercepted = false;     // backs an allocation the preload intercepted: its free destroys it
   bool managed = false;         // residency.h moves its pages; the C API's moves refuse it
   RemapBatch* remap = nullptr;  // a remap that references the slot, until adopt/destroy
-  SharedEvent last_copy;        // the H2D of the remap it adopted; a release waits on it
-  std::string async_error;      // a worker's failure, reported by the next call on the slot
+  // Devices besides its own whose work reaches its pages (bit N: device N), granted by
+  // grant_access() and given again at every later map. cudaMalloc memory is reachable by a copy
+  // on another device's stream without any call; VMM pages only by the devices given access.
+  std::atomic<uint64_t> peers{0};
+  SharedEvent last_copy;    // the H2D of the remap it adopted; a release waits on it
+  std::string async_error;  // a worker's failure, reported by the next call on the slot
 
   std::string describe() const;  // "slot 3 (va 0x…, 64 MiB on device 0)"
 };
@@ -212,6 +216,11 @@ class Engine {
   // without, page reuse applies as the C API set it (vaswap_set_page_reuse).
   void back(Slot* slot, const std::optional<BatchTiming>& timing, bool report = true);
   void unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep = false);
+  // Gives `ordinal` (another device) read and write access to the slot's pages, now and at every
+  // later map: a copy enqueued on that device's stream names the slot (a peer copy). The caller
+  // holds the slot mapped meanwhile (residency's acquire). Throws Error naming the call, the
+  // slot and the device (for one that cannot reach this one's memory).
+  void grant_access(Slot* slot, int ordinal);
   // Counts a copy residency made (the engine's stats and its peaks).
   void count_copy(bool d2h, uint64_t bytes) {
     (d2h ? bytes_offloaded_ : bytes_restored_).fetch_add(bytes);
@@ -277,9 +286,10 @@ class Engine {
 
   // Driver calls with error reporting; see engine.cpp.
   void check(CUresult result, const char* call, const std::string& subject, bool report = true);
+  // `peers`: other devices given access besides d (Slot::peers).
   CUmemGenericAllocationHandle map_pages(Device& d, CUdeviceptr va, size_t bytes,
                                          const std::string& subject, PageTimes* times,
-                                         bool report = true);
+                                         uint64_t peers, bool report = true);
   // `keep_limit`: the handle is kept for reuse if the device's kept bytes stay within it (0:
   // released).
   void unmap_pages(Device& d, CUdeviceptr va, size_t bytes, CUmemGenericAllocationHandle handle,

@@ -887,6 +887,36 @@ Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot
   return planner::before_eager(call.symbol, stream, slots, checked);
 }
 
+// A copy or memset on one device's stream that names another device's slot: that device gets
+// access to the slot's pages (Engine::grant_access), as a cudaMalloc'd buffer needs none. The
+// slots are mapped and held by the ticket. On failure the ticket gives them back and carries the
+// error: the program's call is not made.
+void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot*>& slots,
+                       Ticket* ticket) {
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr) return;
+  static const int devices = [driver] {
+    int count = 0;
+    return driver->cuDeviceGetCount(&count) == CUDA_SUCCESS ? count : 0;
+  }();
+  if (devices < 2) return;
+  CUdevice device = -1;
+  if (driver->cuStreamGetDevice == nullptr ||
+      driver->cuStreamGetDevice(stream, &device) != CUDA_SUCCESS) {
+    if (driver->cuCtxGetDevice(&device) != CUDA_SUCCESS) return;  // no context: nothing runs
+  }
+  try {
+    for (Slot* slot : slots) {
+      if (slot->device != device) engine().grant_access(slot, device);
+    }
+  } catch (const Error& e) {
+    planner::after_eager(*ticket);
+    ticket->acquired = residency::Acquired{};
+    ticket->result = CUDA_ERROR_INVALID_VALUE;
+    ticket->message = std::string(call.symbol) + ": " + e.what();  // check() logged it
+  }
+}
+
 }  // namespace
 
 // Until the preload has made a slot there is nothing for eager work to use: no scan.
@@ -1048,7 +1078,9 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     if (ticket.result != CUDA_SUCCESS) log().error("{}: {}", call.symbol, ticket.message);
     return ticket;
   }
-  return hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);
+  Ticket ticket = hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);
+  if (ticket.result == CUDA_SUCCESS) grant_peer_access(call, stream, slots, &ticket);
+  return ticket;
 }
 
 void exec_destroyed(const Call& call, CUgraphExec exec) {

@@ -194,11 +194,13 @@ void Engine::run_remap(RemapBatch& batch) {
     const uint64_t wait_start = trace::now_ns();
     std::string subject;
     std::string not_released;
+    uint64_t peers = 0;
     {
       // The slot may have been offloaded by a release still queued on another stream.
       std::unique_lock<std::mutex> lock(mutex_);
       wait_until(lock, [&] { return !entry.slot->release_pending; });
       subject = entry.slot->describe();
+      peers = entry.slot->peers.load(std::memory_order_acquire);
       if (entry.slot->handle != 0) {
         not_released = entry.slot->async_error.empty() ? "it was not released"
                                                        : std::move(entry.slot->async_error);
@@ -214,7 +216,7 @@ void Engine::run_remap(RemapBatch& batch) {
         message.append(" still holds its pages: ").append(not_released);
         fail(VASWAP_ERROR_INVALID_STATE, message);
       }
-      handles[i] = map_pages(d, entry.va, entry.mapped_bytes, subject, &times);
+      handles[i] = map_pages(d, entry.va, entry.mapped_bytes, subject, &times, peers);
     } catch (const Error& e) {
       errors[i] = std::string(e.what()) +
                   ". Nothing is lost: the host copy is untouched; destroy this remap and submit "

@@ -2,10 +2,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "state.h"
@@ -109,7 +111,12 @@ void arm_faults_from_env() {
 bool initialized() { return g_initialized.load(std::memory_order_acquire); }
 
 CUresult fault_check(const char* function) {
-  return static_cast<CUresult>(vaswapSimFaultCheck(function));
+  const int error = vaswapSimFaultCheck(function);
+  if (error >= 0) return static_cast<CUresult>(error);
+  // A negative "error" holds the call that long (milliseconds), then runs it: a driver call that
+  // blocks.
+  std::this_thread::sleep_for(std::chrono::milliseconds(-error));
+  return CUDA_SUCCESS;
 }
 
 thread_local int tls_worker_device = -1;

@@ -44,6 +44,7 @@ struct Mapping {
   PhysicalHandle* handle;
   size_t offset;
   int prot;
+  uint64_t access = 0;  // the devices given access (bit N: device N), by cuMemSetAccess
 };
 
 std::mutex& memory_mutex() {
@@ -116,10 +117,15 @@ CUmemorytype memory_type(uintptr_t p) {
 
 // Copies and memsets are checked against their addresses when they are enqueued or recorded into
 // a capture (measured on the H200, bench/results/launch_unmapped_h200.txt): a span inside a
-// reservation must be mapped, with access, from end to end, else CUDA_ERROR_INVALID_VALUE.
+// reservation must be mapped, with access for the device of the stream doing the work, from end to
+// end, else CUDA_ERROR_INVALID_VALUE (measured on two H200s: a copy on one device's stream into
+// another device's VMM pages without access for the first fails so; bench/results/capacity).
 // Kernels are not checked, and graph nodes are not checked again at launch: they may name pages
 // that are mapped only before they run.
-CUresult check_span(uintptr_t p, size_t bytes) {
+CUresult check_span(uintptr_t p, size_t bytes, CUstream hs) {
+  int device = -1;  // a stream that does not resolve fails at submit
+  std::shared_ptr<Stream> stream;
+  if (resolve_stream(hs, &stream) == CUDA_SUCCESS) device = stream->device;
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = find_range(p);
   if (it == ranges().end() || it->second.kind != Kind::kReservation) return CUDA_SUCCESS;
@@ -130,7 +136,7 @@ CUresult check_span(uintptr_t p, size_t bytes) {
   --m;
   while (at < end) {
     if (m == mappings().end() || m->first > at || m->first + m->second.bytes <= at ||
-        m->second.prot == PROT_NONE) {
+        m->second.prot == PROT_NONE || (device >= 0 && (m->second.access >> device & 1) == 0)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     at = m->first + m->second.bytes;
@@ -547,31 +553,45 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t bytes, const CUmemAccess
   SIM_ENTER();
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   SIM_TRY(check_capture_safety());
+  // Each descriptor sets one device's access and leaves the others' as they were; the pages'
+  // protection is the widest any device has.
   int prot = PROT_NONE;
+  uint64_t granted = 0, revoked = 0;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
         desc[i].location.id >= device_count()) {
       return CUDA_ERROR_INVALID_DEVICE;
     }
+    const uint64_t bit = uint64_t{1} << desc[i].location.id;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) revoked |= bit;
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) granted |= bit;
   }
   std::lock_guard<std::mutex> lock(memory_mutex());
   const auto p = static_cast<uintptr_t>(ptr);
   uintptr_t at = p;
-  std::vector<Mapping*> covered;
+  std::vector<std::pair<uintptr_t, Mapping*>> covered;
   while (at < p + bytes) {
     auto m = mappings().upper_bound(at);
     if (m == mappings().begin()) return CUDA_ERROR_INVALID_VALUE;
     --m;
     if (at >= m->first + m->second.bytes) return CUDA_ERROR_INVALID_VALUE;  // a hole
-    covered.push_back(&m->second);
+    covered.emplace_back(m->first, &m->second);
     at = m->first + m->second.bytes;
   }
-  if (covered.empty() || mprotect(reinterpret_cast<void*>(p), bytes, prot) != 0) {
-    return CUDA_ERROR_INVALID_VALUE;
+  if (covered.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (auto& [start, m] : covered) {
+    const uint64_t access = (m->access & ~revoked) | granted;
+    const int widest = access == 0                   ? PROT_NONE
+                       : (m->access & ~revoked) != 0 ? (m->prot | prot)
+                                                     : prot;
+    if (mprotect(reinterpret_cast<void*>(start), m->bytes, widest) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    m->access = access;
+    m->prot = widest;
   }
-  for (Mapping* m : covered) m->prot = prot;
   return CUDA_SUCCESS;
 }
 
@@ -596,8 +616,12 @@ CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* pro
 
 static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs,
                            CUmemorytype dst_t, CUmemorytype src_t) {
-  if (dst_t == CU_MEMORYTYPE_DEVICE) SIM_TRY(check_span(reinterpret_cast<uintptr_t>(dst), bytes));
-  if (src_t == CU_MEMORYTYPE_DEVICE) SIM_TRY(check_span(reinterpret_cast<uintptr_t>(src), bytes));
+  if (dst_t == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check_span(reinterpret_cast<uintptr_t>(dst), bytes, hs));
+  }
+  if (src_t == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check_span(reinterpret_cast<uintptr_t>(src), bytes, hs));
+  }
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = linear_copy(dst, dst_t, src, src_t, bytes);
@@ -680,7 +704,7 @@ static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
     rows = rows ? rows : height;
     const size_t start = x + y * pitch + z * rows * pitch;
     const size_t bytes = (depth - 1) * rows * pitch + (height - 1) * pitch + c.WidthInBytes;
-    return check_span(base + start, bytes);
+    return check_span(base + start, bytes, hs);
   };
   if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE) {
     SIM_TRY(check(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight));
@@ -781,7 +805,7 @@ CUresult CUDAAPI cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, siz
   for (size_t i = 0; i < count; ++i) {
     for (const CUdeviceptr p : {dsts[i], srcs[i]}) {
       if (unified_type(SIM_DPTR(p)) == CU_MEMORYTYPE_DEVICE) {
-        SIM_TRY(check_span(static_cast<uintptr_t>(p), sizes[i]));
+        SIM_TRY(check_span(static_cast<uintptr_t>(p), sizes[i], hs));
       }
     }
   }
@@ -808,7 +832,7 @@ CUresult CUDAAPI cuMemcpyBatchAsync_sim_v1(CUdeviceptr* dsts, CUdeviceptr* srcs,
 // Memsets: `count` elements per row, `height` rows `pitch` bytes apart (0: one row).
 static CUresult memset_async(CUdeviceptr dst, unsigned value, unsigned element, size_t count,
                              CUstream hs, size_t pitch = 0, size_t height = 1) {
-  SIM_TRY(check_span(dst, (height - 1) * pitch + count * element));
+  SIM_TRY(check_span(dst, (height - 1) * pitch + count * element, hs));
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMSET;
   node->memset.dst = dst;
