@@ -344,6 +344,7 @@ struct Planner::Job {
   int device = 0;
   std::vector<Seen> window;    // the last complete period and the launch that began the next
   std::vector<Slot*> regions;  // index -> slot
+  std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
   plan::Period period;
 };
 
@@ -365,6 +366,7 @@ void Planner::start_planning(int period) {
         auto [it, added] = index.emplace(slot, static_cast<int>(job->regions.size()));
         if (added) {
           job->regions.push_back(slot);
+          job->devices.push_back(slot->device);
           job->period.region_bytes.push_back(slot->bytes);
           job->period.region_pages.push_back(slot->mapped_bytes);
         }
@@ -521,20 +523,69 @@ void Planner::plan(Job& job) {
     std::lock_guard<std::mutex> lock(mutex_);
     policy = policy_;
   }
-  const plan::Model model = model_for(job.device);
-  if (trace::enabled()) {
-    trace::Record(trace::Event::model)
-        .add("source", model.source)
-        .add("h2d_gbps", model.h2d_gbps)
-        .add("d2h_gbps", model.d2h_gbps)
-        .add("remap_us", model.remap_us)
-        .add("device", job.device)
-        .emit();
+  // One schedule per device: a device's slots fit its own budget and move over its own link (one
+  // process may use several GPUs; each position's timing is the same for all).
+  // The slots may be freed meanwhile (the plan is then dropped below): their devices were noted.
+  std::vector<int> devices;
+  for (int device : job.devices) {
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      devices.push_back(device);
+    }
   }
-  const residency::Budget budget = residency::budget(job.device);
-  const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, budget.target,
-                          budget.limit};
-  const plan::Plan chosen = plan::choose(job.period, model, knobs);
+  std::sort(devices.begin(), devices.end());
+  struct Part {
+    int device = 0;
+    residency::Budget budget;
+    plan::Plan plan;
+    uint64_t region_bytes = 0;
+    size_t regions = 0;
+  };
+  std::vector<Part> parts;
+  std::vector<plan::Window> windows;  // regions: indices into job.regions
+  for (int device : devices) {
+    plan::Period sub;
+    sub.start_us = job.period.start_us;
+    sub.end_us = job.period.end_us;
+    sub.length_us = job.period.length_us;
+    std::vector<int> global;
+    std::vector<int> local(job.regions.size(), -1);
+    Part part;
+    part.device = device;
+    for (size_t r = 0; r < job.regions.size(); ++r) {
+      if (job.devices[r] != device) continue;
+      local[r] = static_cast<int>(global.size());
+      global.push_back(static_cast<int>(r));
+      sub.region_bytes.push_back(job.period.region_bytes[r]);
+      sub.region_pages.push_back(job.period.region_pages[r]);
+      part.region_bytes += job.period.region_bytes[r];
+    }
+    part.regions = global.size();
+    for (const std::vector<int>& uses : job.period.uses) {
+      auto& mine = sub.uses.emplace_back();
+      for (int r : uses) {
+        if (local[static_cast<size_t>(r)] >= 0) mine.push_back(local[static_cast<size_t>(r)]);
+      }
+    }
+    const plan::Model model = model_for(device);
+    if (trace::enabled()) {
+      trace::Record(trace::Event::model)
+          .add("source", model.source)
+          .add("h2d_gbps", model.h2d_gbps)
+          .add("d2h_gbps", model.d2h_gbps)
+          .add("remap_us", model.remap_us)
+          .add("device", device)
+          .emit();
+    }
+    part.budget = residency::budget(device);
+    const plan::Knobs knobs{policy.prefetch_distance, policy.release_lag, part.budget.target,
+                            part.budget.limit};
+    part.plan = plan::choose(sub, model, knobs);
+    for (plan::Window w : part.plan.windows) {
+      w.region = global[static_cast<size_t>(w.region)];
+      windows.push_back(w);
+    }
+    parts.push_back(std::move(part));
+  }
 
   std::lock_guard<std::mutex> lock(mutex_);
   if (job.generation != generation_ || phase_ != Phase::planning) return;  // learning again
@@ -543,7 +594,7 @@ void Planner::plan(Job& job) {
   active.keys = keys_;
   active.releases.resize(period);
   active.restores.resize(period);
-  for (const plan::Window& w : chosen.windows) {
+  for (const plan::Window& w : windows) {
     Slot* slot = job.regions[static_cast<size_t>(w.region)];
     active.releases[static_cast<size_t>(w.release_at)].push_back(slot);
     active.restores[static_cast<size_t>(w.restore_at)].push_back(slot);
@@ -551,26 +602,28 @@ void Planner::plan(Job& job) {
   active_ = std::move(active);
   set_phase(Phase::steady);
   if (!trace::enabled()) return;
-  uint64_t bytes = 0;
-  for (uint64_t b : job.period.region_bytes) bytes += b;
-  trace::Record(trace::Event::plan)
-      .add("plan", active_.id)
-      .add("period", static_cast<uint64_t>(period))
-      .add("period_us", job.period.length_us)
-      .add("regions", static_cast<uint64_t>(job.regions.size()))
-      .add("region_bytes", bytes)
-      .add("budget", budget.target)
-      .add("limit", budget.limit)
-      .add("total_pages", chosen.total_pages)
-      .add("resident_peak", chosen.resident_peak)
-      .add("short_pages", chosen.short_pages)
-      .add("candidates", chosen.candidates)
-      .add("windows", static_cast<uint64_t>(chosen.windows.size()))
-      .add("peak_bytes", chosen.peak_bytes)
-      .add("exposed_us", chosen.exposed_us)
-      .add("reason", chosen.reason)
-      .emit();
-  for (const plan::Window& w : chosen.windows) {
+  for (const Part& part : parts) {  // one event per device, under the one plan number
+    const plan::Plan& chosen = part.plan;
+    trace::Record(trace::Event::plan)
+        .add("plan", active_.id)
+        .add("device", part.device)
+        .add("period", static_cast<uint64_t>(period))
+        .add("period_us", job.period.length_us)
+        .add("regions", static_cast<uint64_t>(part.regions))
+        .add("region_bytes", part.region_bytes)
+        .add("budget", part.budget.target)
+        .add("limit", part.budget.limit)
+        .add("total_pages", chosen.total_pages)
+        .add("resident_peak", chosen.resident_peak)
+        .add("short_pages", chosen.short_pages)
+        .add("candidates", chosen.candidates)
+        .add("windows", static_cast<uint64_t>(chosen.windows.size()))
+        .add("peak_bytes", chosen.peak_bytes)
+        .add("exposed_us", chosen.exposed_us)
+        .add("reason", chosen.reason)
+        .emit();
+  }
+  for (const plan::Window& w : windows) {
     const Slot* slot = job.regions[static_cast<size_t>(w.region)];
     trace::Record(trace::Event::plan_window)
         .add("plan", active_.id)

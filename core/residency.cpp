@@ -135,6 +135,17 @@ struct Flag {
   uint32_t* host = nullptr;
   CUdeviceptr device = 0;
   void store(uint32_t v) const { __atomic_store_n(host, v, __ATOMIC_RELEASE); }
+  uint32_t load() const { return __atomic_load_n(host, __ATOMIC_ACQUIRE); }
+};
+
+// Device handshake: a stream's wait on the device for a slot's restore, until its flag is written.
+struct FlagWait {
+  Flag flag;
+  uint32_t value = 0;  // the stream runs on once the flag reaches it
+  uint64_t slot = 0;   // whose restore writes the flag
+  int device = 0;
+  uint64_t since = 0;  // enqueued (trace::now_ns); set by carry_out
+  bool written() const { return static_cast<int32_t>(flag.load() - value) >= 0; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -277,10 +288,10 @@ struct Device {
 // What one decision asks the application's thread to do once the state lock is dropped.
 struct Actions {
   int device = -1;
-  std::vector<Job> jobs;                              // in decision order
-  std::vector<std::vector<Mark>> marks;               // per job: the marks an eviction waits for
-  std::vector<std::pair<Flag, uint32_t>> flag_waits;  // device handshake, on the stream
-  std::vector<Entry*> host_waits;                     // host handshake: wait for their submission
+  std::vector<Job> jobs;                 // in decision order
+  std::vector<std::vector<Mark>> marks;  // per job: the marks an eviction waits for
+  std::vector<FlagWait> flag_waits;      // device handshake, on the stream
+  std::vector<Entry*> host_waits;        // host handshake: wait for their submission
 };
 
 // =============================================================================================
@@ -398,6 +409,11 @@ class Residency {
   void record_or_die(const Driver& driver, CUevent event, CUstream stream,
                      const std::string& subject);
   [[noreturn]] void die(const std::string& message);
+  // Device handshake: ends the process when a stream has waited on the device for a restore's flag
+  // longer than residency.wait_limit, whatever holds the restore back (a copy queued behind the
+  // parked stream, a worker stuck in a driver call) and whatever the application's thread does
+  // meanwhile (it may be blocked in the driver, synchronizing that stream).
+  void run_watchdog();
 
   // Gives back, at the end of a scope, a busy count taken on slot `id` under mutex_ (0: none).
   class BusyHold {
@@ -429,8 +445,8 @@ class Residency {
   std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
-  mutable std::unordered_map<StreamKey, std::vector<std::pair<Flag, uint32_t>>, StreamKeyHash>
-      parked_;
+  mutable std::unordered_map<StreamKey, std::vector<FlagWait>, StreamKeyHash> parked_;
+  bool watching_ = false;  // the watchdog runs (started with the first wait on a flag)
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
   uint64_t tick_ = 0;
@@ -710,12 +726,9 @@ bool Residency::parked_locked(const StreamKey& key) const {
   auto it = parked_.find(key);
   if (it == parked_.end()) return false;
   auto& waits = it->second;
-  waits.erase(std::remove_if(waits.begin(), waits.end(),
-                             [](const std::pair<Flag, uint32_t>& w) {
-                               const uint32_t now = __atomic_load_n(w.first.host, __ATOMIC_ACQUIRE);
-                               return static_cast<int32_t>(now - w.second) >= 0;
-                             }),
-              waits.end());
+  waits.erase(
+      std::remove_if(waits.begin(), waits.end(), [](const FlagWait& w) { return w.written(); }),
+      waits.end());
   if (!waits.empty()) return true;
   parked_.erase(it);
   return false;
@@ -864,7 +877,12 @@ void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out)
     seen->second = e.ready;
   }
   if (device_locked(e.device).device_handshake) {
-    out->flag_waits.emplace_back(e.flag, e.ready);
+    FlagWait wait;
+    wait.flag = e.flag;
+    wait.value = e.ready;
+    wait.slot = e.id;
+    wait.device = e.device;
+    out->flag_waits.push_back(wait);
   } else {
     out->host_waits.push_back(&e);
   }
@@ -946,15 +964,21 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
   if (waits && !a.flag_waits.empty()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      const uint64_t now = trace::now_ns();
+      for (FlagWait& w : a.flag_waits) w.since = now;
       auto& parked = parked_[key_of(stream)];
       parked.insert(parked.end(), a.flag_waits.begin(), a.flag_waits.end());
+      if (!watching_) {
+        watching_ = true;
+        std::thread([this] { run_watchdog(); }).detach();
+      }
     }
     std::vector<CUstreamBatchMemOpParams> ops(a.flag_waits.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       ops[i] = CUstreamBatchMemOpParams{};
       ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-      ops[i].waitValue.address = a.flag_waits[i].first.device;
-      ops[i].waitValue.value = a.flag_waits[i].second;
+      ops[i].waitValue.address = a.flag_waits[i].flag.device;
+      ops[i].waitValue.value = a.flag_waits[i].value;
       ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
     }
     const CUresult rc =
@@ -1649,6 +1673,51 @@ Stats Residency::stats() {
 // Workers
 // =============================================================================================
 
+void Residency::run_watchdog() {
+  for (;;) {
+    std::string stalled;
+    uint64_t limit = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit = settings_.wait_limit_ns;
+      const uint64_t now = trace::now_ns();
+      std::vector<StreamKey> keys;
+      for (const auto& entry : parked_) keys.push_back(entry.first);
+      for (const StreamKey& key : keys) {
+        if (!parked_locked(key)) continue;  // every flag it waited for is written
+        for (const FlagWait& w : parked_.at(key)) {
+          if (now - w.since <= limit) continue;
+          bool queued = false;  // the restore not yet taken by the mover
+          auto d = devices_.find(w.device);
+          if (d != devices_.end()) {
+            queued =
+                std::any_of(d->second->jobs.begin(), d->second->jobs.end(), [&w](const Job& job) {
+                  return job.kind == JobKind::restore && job.slot == w.slot;
+                });
+          }
+          stalled = "stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
+                    " has waited on the "
+                    "device for " +
+                    std::to_string((now - w.since) / 1000000) + " ms (residency.wait_limit " +
+                    std::to_string(limit / 1000000) + " ms) for the restore of slot " +
+                    std::to_string(w.slot) + " on device " + std::to_string(w.device) +
+                    ", whose flag holds " + std::to_string(w.flag.load()) + " and not yet " +
+                    std::to_string(w.value) +
+                    (queued ? "; the restore still waits for vaswap's mover"
+                            : "; the restore was taken up and its copy has not landed") +
+                    " (device handshake: docs/PLANNER.md, \"Handshakes\"; the host handshake, "
+                    "residency.handshake=host, does not park streams)";
+          break;
+        }
+        if (!stalled.empty()) break;
+      }
+    }
+    if (!stalled.empty()) die(stalled);
+    const uint64_t pause_ns = std::clamp<uint64_t>(limit / 8, 10000000, 250000000);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns));
+  }
+}
+
 [[noreturn]] void Residency::die(const std::string& message) {
   {
     // What the state was, for whoever debugs the hang (log.level: debug).
@@ -1670,10 +1739,11 @@ Stats Residency::stats() {
         }
       }
       for (const auto& [key, waits] : parked_) {
-        for (const auto& [flag, value] : waits) {
-          log().debug("stream {}: waits on the device for flag {} to reach {}; it holds {}",
-                      hex(reinterpret_cast<uintptr_t>(key.handle)), hex(flag.device), value,
-                      __atomic_load_n(flag.host, __ATOMIC_ACQUIRE));
+        for (const FlagWait& w : waits) {
+          log().debug(
+              "stream {}: waits on the device for flag {} (slot {}) to reach {}; it holds {}",
+              hex(reinterpret_cast<uintptr_t>(key.handle)), hex(w.flag.device), w.slot, w.value,
+              w.flag.load());
         }
       }
       for (const auto& [slot, e] : entries_) {

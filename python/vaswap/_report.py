@@ -233,7 +233,9 @@ def summary(run):
         "slots": ev["slot_create"],
         "slot_bytes": sum(e["bytes"] for e in run.of("slot_create")),
         "graph_launches": ev["graph_launch"],
-        "plan_windows": plans[-1].get("windows", 0) if plans else None,
+        # The last plan's windows, over its events (one per device)
+        "plan_windows": sum(e.get("windows", 0) for e in plans if e.get("plan") == plans[-1].get("plan"))
+        if plans else None,
         "offloaded_bytes": sum(e["bytes"] for e in d2h),
         "restored_bytes": sum(e["bytes"] for e in h2d),
         "d2h_gbps": gbps(sum(e["bytes"] for e in d2h), sum(e["dur_us"] for e in d2h)),

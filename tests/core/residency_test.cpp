@@ -660,10 +660,48 @@ TEST_F(ResidencyTest, AStalledEvictionCopySaysWhetherItBegan) {
       ::testing::ExitedWithCode(70), "D2H copy did not complete \\(it began\\)");
 }
 
+// The device handshake's watchdog: a stream parked on a restore's flag that is not written within
+// residency.wait_limit ends the process with a named error, whatever holds the restore back (here
+// the mover stuck 5 s in cuMemMap, which no other wait watches) and while the application's
+// thread is blocked in the driver, synchronizing the parked stream. (On the H200, with 32
+// hardware queues, such a run hung silently past its limit.)
+TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
+  EXPECT_EXIT(
+      {
+        bind_device(6);
+        residency::Settings s;
+        s.budget_bytes = 1 * kPage;
+        s.handshake = residency::Handshake::device;
+        s.wait_limit_ns = 300000000;  // 0.3 s
+        residency::configure(s);
+        Slot* a = make_slot(6);
+        Slot* b = make_slot(6);
+        fill(a, 31);
+        fill(b, 32);  // a leaves
+        ASSERT_CU(cuStreamSynchronize(stream_));
+        wait_mapped({a}, false);
+        vaswapSimInjectFault("cuMemMap", 1, -5000);  // a's map, for its restore
+        residency::Acquired acquired;
+        std::string message;
+        ASSERT_EQ(CUDA_SUCCESS,
+                  residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+        auto* words = reinterpret_cast<uint32_t*>(a->va);
+        ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
+        residency::used(acquired);
+        cuStreamSynchronize(stream_);  // blocked until the flag is written
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(70),
+      "stream 0x[0-9a-f]+ has waited on the device for [0-9]+ ms \\(residency.wait_limit 300 "
+      "ms\\) for the restore of slot [0-9]+ on device 6.*invariant 12");
+}
+
 // A peer copy names slots of two devices: a copy on device 0's stream from device 3's slot, which
 // is away, into a device-0 slot. Each device's slots come back on their own device, and the stream
 // waits for both (before, device 3's slot was skipped as "another device's" and the copy read
-// unmapped pages: a fault on the simulator, an error or garbage on a GPU).
+// unmapped pages: a fault on the simulator, an error or garbage on a GPU). Device 0 needs access
+// to device 3's pages (as the copy hook grants it: on two H200s the copy failed with
+// cudaErrorInvalidValue without), and keeps it when those pages are evicted and mapped again.
 TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
   configure(1 * kPage);
   bind_device(3);
@@ -685,16 +723,32 @@ TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
   ASSERT_CU(cuStreamSynchronize(stream_));
   wait_mapped({a0}, false);
   // Device 0's stream copies a3 (device 3, away) into a0 (device 0, away).
+  CUresult copied = CUDA_ERROR_UNKNOWN;
   ASSERT_EQ(CUDA_SUCCESS, use({a0, a3}, [&] {
+              copied = cuMemcpyPeerAsync(a0->va, nullptr, a3->va, nullptr, kPage, stream_);
+            }));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, copied) << "a copy without access to the peer's pages";
+  ASSERT_EQ(CUDA_SUCCESS, use({a0, a3}, [&] {
+              engine().grant_access(a3, 0);
               ASSERT_CU(cuMemcpyPeerAsync(a0->va, nullptr, a3->va, nullptr, kPage, stream_));
             }));
   ASSERT_CU(cuStreamSynchronize(stream_));
   expect_holds(a0, 51);
+  EXPECT_EQ(uint64_t{1}, a3->peers.load());
   std::swap(other, stream_);
   bind_device(3);
   expect_holds(a3, 51);
+  // a3 leaves device 3 and comes back for the next copy: device 0's access comes with its pages.
+  fill(b3, 55);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({a3}, false);
   std::swap(other, stream_);
   bind_device(0);
+  ASSERT_EQ(CUDA_SUCCESS, use({b0, a3}, [&] {
+              ASSERT_CU(cuMemcpyPeerAsync(b0->va, nullptr, a3->va, nullptr, kPage, stream_));
+            }));
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  expect_holds(b0, 51);
   ASSERT_CU(cuStreamDestroy(other));
 }
 
