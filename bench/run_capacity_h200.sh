@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Capacity (issue 13): the most layers that train in a fixed amount of device memory, without
 # vaswap and under it, for the static-cudart demo and examples/pytorch/graphed_layers.py
-# (per-layer graphs with one shared pool, and with a pool per layer).
+# (per-layer graphs with one shared pool, and with a pool per layer), and on two GPUs
+# (nvidia-h200-x2): the demo spread over both from one thread (demo2: --devices 2, LIMIT on each)
+# and the shared-pool job as two data-parallel ranks (torch_ranks: torchrun, NCCL all-reduce, LIMIT
+# on each rank's GPU, every rank's losses compared; `vaswap report` over both ranks' traces).
 #
 # How the memory is limited: each program first holds all but LIMIT of the device's free memory,
 # before it builds anything (graphed_layers --limit-gib and train_layers --limit-mib: one
@@ -19,14 +22,16 @@
 #   3. At L0, RUNS runs each without and with vaswap: the median of each run's median step time
 #      (steps after the first SKIP), and the median over runs: vaswap's overhead where the job
 #      fits.
-# Usage: bash bench/run_capacity_h200.sh [demo] [torch_shared] [torch_own]   (default: all three)
+# Usage: bash bench/run_capacity_h200.sh [demo] [torch_shared] [torch_own] [demo2] [torch_ranks]
+#   (default: the first three, which need one GPU)
 # Environment: TORCH_LIMIT_GIB (8), DEMO_LIMIT_MIB (2048), DEMO_ELEMS (8388608: 32 MiB buffers),
 #   STEPS (12), PROBE_STEPS (STEPS: 3 steps of 15 layers trained where 12 ran out), SKIP (4), RUNS (3), FACTORS ("2.5 4": the sizes tried under
 #   vaswap, times L0), KNOWN_L0 (start the search there, one layer at a time), VASWAP_LIB
 #   (build/gpu/lib/libvaswap.so),
 #   DEMO (build/gpu/bin/train_layers_static_cuda), EXTRA_CONF (more VASWAP_CONF for every run).
 # Writes $OUT (else bench/results/capacity)/: capacity_h200.log, capacity_h200.md (the table), and
-# capacity_h200_runs.tar.gz (every run's output, JSON and vaswap trace).
+# capacity_h200_runs.tar.gz (every run's output, JSON and vaswap trace); for torch_ranks also
+# capacity_two_ranks_report.txt (`vaswap report` over both ranks' traces of the largest run).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -60,33 +65,38 @@ MD
 # $runs_dir/NAME.json, output at NAME.txt, vaswap's log and trace at NAME.err / NAME.jsonl.
 launch() {
   local program=$1 name=$2 layers=$3 n=$4 limit=$5 under=$6
-  local cmd
+  local cmd trace=$runs_dir/$name.jsonl
   case $program in
-    demo)
+    demo | demo2)
       cmd=("$demo_bin" --layers "$layers" --elems "$demo_elems" --steps "$n" --quiet
         --out "$runs_dir/$name.json")
+      [[ $program == demo2 ]] && cmd+=(--devices 2)
       [[ $limit != 0 ]] && cmd+=(--limit-mib "$limit")
       ;;
-    torch_shared | torch_own)
+    torch_shared | torch_own | torch_ranks)
       cmd=(python3 examples/pytorch/graphed_layers.py --layers "$layers" --steps "$n"
-        --pool "${program#torch_}" --out "$runs_dir/$name.json")
+        --pool "$([[ $program == torch_own ]] && echo own || echo shared)" --out "$runs_dir/$name.json")
       [[ $limit != 0 ]] && cmd+=(--limit-gib "$limit")
+      if [[ $program == torch_ranks ]]; then
+        cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 "${cmd[@]:1}")
+        trace=$runs_dir/$name.rank%r.jsonl  # one per rank
+      fi
       ;;
   esac
   if [[ $under == 1 ]]; then
     local conf="log.level=info${EXTRA_CONF:+,$EXTRA_CONF}"
     # The demo's static buffers (inputs, weights, gradients) are cudaMalloc'd outside any
     # capture: only with captured_only off can they be slots too.
-    [[ $program == demo ]] && conf="selection.captured_only=false,$conf"
+    [[ $program == demo* ]] && conf="selection.captured_only=false,$conf"
     VASWAP_CONF="$conf" timeout 400 scripts/vaswap run --library "$lib" \
-      --trace "$runs_dir/$name.jsonl" -- "${cmd[@]}" >"$runs_dir/$name.txt" 2>"$runs_dir/$name.err"
+      --trace "$trace" -- "${cmd[@]}" >"$runs_dir/$name.txt" 2>"$runs_dir/$name.err"
   else
     timeout 400 "${cmd[@]}" >"$runs_dir/$name.txt" 2>"$runs_dir/$name.err"
   fi
 }
 
-limit_of() { [[ $1 == demo ]] && echo "$demo_limit" || echo "$torch_limit"; }
-unit_of() { [[ $1 == demo ]] && echo MiB || echo GiB; }
+limit_of() { [[ $1 == demo* ]] && echo "$demo_limit" || echo "$torch_limit"; }
+unit_of() { [[ $1 == demo* ]] && echo MiB || echo GiB; }
 
 # median_ms NAME: the median step time after the first $skip steps.
 median_ms() {
@@ -159,6 +169,11 @@ for program in "${programs[@]}"; do
       echo "   (the unconstrained run of $layers layers failed)"
     if same "${program}_free_$layers" "$name"; then
       best=$layers
+      if [[ $program == torch_ranks ]]; then
+        scripts/vaswap report --no-progress "$runs_dir/$name".rank*.jsonl \
+          >"$out/capacity_two_ranks_report.txt" 2>&1 ||
+          echo "   vaswap report over both ranks' traces failed (capacity_two_ranks_report.txt)"
+      fi
       echo "   under vaswap, $layers layers: trains, losses identical to an unconstrained run;" \
         "$(median_ms "$name") ms/step (unconstrained $(median_ms "${program}_free_$layers"))"
       grep -m1 "summary:" "$runs_dir/$name.err" | cut -c1-700
@@ -182,15 +197,18 @@ for program in "${programs[@]}"; do
   fi
   python3 - "$runs_dir" "$program" "$l0" "$best" "$repeats" "$skip" "$limit $unit" \
     >>"$out/capacity_h200.md" <<'PY' || status=1
-import json, os, statistics, sys
+import glob, json, os, statistics, sys
 d, program, l0, best, repeats, skip, limit = sys.argv[1:]
 l0, best, repeats, skip = int(l0), int(best), int(repeats), int(skip)
 def load(name):
     return json.load(open(os.path.join(d, name + ".json")))
 def med(name):
     return statistics.median(load(name)["step_ms"][skip:])
-def summary(name):
-    for line in open(os.path.join(d, name + ".jsonl")):
+def summary(name):  # rank 0's for two ranks (vaswap run names each rank's trace NAME.rank0.PID)
+    path = os.path.join(d, name + ".jsonl")
+    if not os.path.exists(path):
+        path = glob.glob(os.path.join(d, name + ".rank0.*jsonl"))[0]
+    for line in open(path):
         e = json.loads(line)
         if e.get("ev") == "summary":
             return e
@@ -209,11 +227,13 @@ if best:
     free = med(f"{program}_free_{best}")
     top = med(f"{program}_vaswap_{best}")
     held = load(f"{program}_vaswap_{best}").get("held_bytes", 0)
-    row += (f" {top:.2f} ms vs {free:.2f} ms unconstrained ({100 * (top / free - 1):+.0f}%); "
-            f"peak {(s.get('peak_used', 0) - held) / 2**20:.0f} MiB in use besides the hold, "
-            f"{(s.get('peak_without_releases', 0) - held) / 2**20:.0f} MiB without vaswap's "
-            f"releases; {s.get('evictions', 0)} evictions, {s.get('bytes_offloaded', 0) / 2**30:.1f} GiB "
-            f"offloaded |")
+    row += f" {top:.2f} ms vs {free:.2f} ms unconstrained ({100 * (top / free - 1):+.0f}%); "
+    if load(f"{program}_vaswap_{best}").get("devices", 1) == 1:  # the summary's peak: one device's
+        row += (f"peak {(s.get('peak_used', 0) - held) / 2**20:.0f} MiB in use besides the hold, "
+                f"{(s.get('peak_without_releases', 0) - held) / 2**20:.0f} MiB without vaswap's "
+                f"releases; ")
+    row += (f"{s.get('evictions', 0)} evictions, {s.get('bytes_offloaded', 0) / 2**30:.1f} GiB "
+            f"offloaded{' (rank 0)' if program == 'torch_ranks' else ''} |")
 else:
     row += " - |"
 print(row)

@@ -8,7 +8,9 @@
 # the slots need, so evictions and restores are in flight when the fault happens):
 #   without vaswap; under vaswap with the host handshake; with the device handshake (a stream
 #   parked on a restore's flag when the context dies); fault in the first step (before a plan
-#   exists) and in a later one (under the plan).
+#   exists) and in a later one (under the plan). Where the machine has two GPUs
+#   (nvidia-h200-x2), also the demo spread over both from one thread (--devices 2), with no fault
+#   (checksum equal to a run without vaswap) and with a fault on the first GPU in step 4.
 # Expects build/gpu/bin/train_layers_static_cuda and build/gpu/lib (carried). Writes
 # $OUT (else bench/results)/fault_h200.log and fault_h200.md.
 set -uo pipefail
@@ -31,10 +33,11 @@ cat >"$md" <<'MD'
 |---|---:|---:|---|---|
 MD
 status=0
-# case NAME UNDER(0|1) FAULT_STEP EXTRA_CONF
+# case NAME UNDER(0|1) FAULT_STEP EXTRA_CONF [DEMO ARGS...]
 case_() {
   local name=$1 under=$2 step=$3 conf=$4
-  local cmd=("$demo" "${args[@]}" --quiet)
+  shift 4
+  local cmd=("$demo" "${args[@]}" --quiet "$@")
   [[ $step -ge 0 ]] && cmd+=(--fault-step "$step")
   local start end rc
   start=$(date +%s.%N)
@@ -82,6 +85,13 @@ case_ host_handshake_fault_step0 1 0 "residency.handshake=host"
 case_ host_handshake_fault_step4 1 4 "residency.handshake=host"
 case_ device_handshake_fault_step0 1 0 "residency.handshake=device"
 case_ device_handshake_fault_step4 1 4 "residency.handshake=device"
+if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then
+  # Two GPUs from one thread (issue 15): 16 layers, 8 on each, peer copies between them, the
+  # same 512 MiB budget on each; the fault on the first GPU.
+  case_ two_devices_without_vaswap 0 -1 "" --layers 16 --devices 2
+  case_ two_devices_no_fault 1 -1 "" --layers 16 --devices 2
+  case_ two_devices_fault_step4 1 4 "residency.handshake=host" --layers 16 --devices 2
+fi
 cat "$md" >>"$log"
 rm -rf "$work"
 echo "status=$status" | tee -a "$log"

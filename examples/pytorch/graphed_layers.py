@@ -10,6 +10,13 @@ replayed every step, with PyTorch's caching allocator serving the captures from 
 It prints one line per step, with the loss as an exact float (hex), and can write them as JSON
 (--out) so that two runs can be compared bit for bit. Deterministic algorithms are forced and
 attention takes the math path, so the same command gives the same losses on the same GPU.
+
+Started by torchrun (WORLD_SIZE > 1), it is data-parallel: each rank trains the same model on its
+own GPU (LOCAL_RANK) and its own data, and the gradients are averaged with NCCL all-reduce before
+every optimizer step. Each rank prints its own losses; rank 0 writes every rank's to --out.
+
+    scripts/vaswap run --trace 'run_rank%r.jsonl' -- \
+        torchrun --standalone --nproc-per-node 2 examples/pytorch/graphed_layers.py
 """
 
 import argparse
@@ -74,11 +81,19 @@ def main():
     p.add_argument("--out", help="write the losses, step times and memory figures here (JSON)")
     args = p.parse_args()
 
-    torch.manual_seed(args.seed)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        torch.distributed.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cuda")
+    torch.manual_seed(args.seed)  # the same model on every rank
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    device = torch.device("cuda")
     if args.sdpa == "math":
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
@@ -109,8 +124,10 @@ def main():
     else:
         graphed = (torch.cuda.make_graphed_callables(torch.nn.Sequential(*layers), samples[0]),)
 
-    data = torch.randn((args.steps,) + shape, device=device)
-    target = torch.randn((args.steps,) + shape, device=device)
+    data_rng = torch.Generator(device=device)
+    data_rng.manual_seed(args.seed + 1000 * rank)  # each rank its own data
+    data = torch.randn((args.steps,) + shape, device=device, generator=data_rng)
+    target = torch.randn((args.steps,) + shape, device=device, generator=data_rng)
     losses, step_ms = [], []
     least_free = torch.cuda.mem_get_info()[0]
     torch.cuda.synchronize()
@@ -123,17 +140,28 @@ def main():
         loss = torch.nn.functional.mse_loss(head(x), target[step])
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
+        if world > 1:
+            for q in params:  # data-parallel: the mean gradient over ranks
+                torch.distributed.all_reduce(q.grad, op=torch.distributed.ReduceOp.AVG)
         optimizer.step()
         value = loss.item()  # waits for the step
         step_ms.append(1e3 * (time.perf_counter() - step_start))
         least_free = min(least_free, torch.cuda.mem_get_info()[0])
         losses.append(value.hex())
-        print(f"step {step:3d} loss {value.hex()} ({value:.6f})", flush=True)
+        print(f"{f'rank {rank} ' if world > 1 else ''}step {step:3d} loss {value.hex()} "
+              f"({value:.6f})", flush=True)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     free, total = torch.cuda.mem_get_info()
     # The caching allocator keeps what it takes: without vaswap the most in use is at a step's end.
     peak = total - min(least_free, free) - held
+    if world > 1:
+        every = [None] * world
+        torch.distributed.all_gather_object(every, losses)
+        losses = [loss for rank_losses in every for loss in rank_losses]  # rank 0's first
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return
     print(f"{args.steps} steps in {elapsed:.3f} s ({1e3 * elapsed / args.steps:.2f} ms/step); "
           f"device memory in use {(total - free) / 2**30:.2f} GiB (cudaMemGetInfo), at most "
           f"{peak / 2**30:.2f} GiB at a step's end besides {held / 2**30:.2f} GiB held")
@@ -141,7 +169,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "ms_per_step": 1e3 * elapsed / args.steps,
                        "step_ms": step_ms, "device_bytes_in_use": total - free,
-                       "peak_bytes_at_step_end": peak, "held_bytes": held, "args": vars(args)},
+                       "peak_bytes_at_step_end": peak, "held_bytes": held, "ranks": world,
+                       "args": vars(args)},
                       f, indent=1)
 
 

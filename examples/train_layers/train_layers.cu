@@ -109,6 +109,7 @@ struct Options {
   int steps = 10;
   uint32_t seed = 1;
   int device = 0;
+  int devices = 1;  // layers spread over devices device .. device + devices - 1
   bool quiet = false;
   int eval_every = 0;   // 0: never
   int peek_step = -1;   // -1: never
@@ -124,9 +125,9 @@ void usage(FILE* to) {
   std::fprintf(
       to,
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
-      "                    [--eval-every N] [--peek-step N] [--api-graph] [--extra-mib N]\n"
-      "                    [--limit-mib N] [--fault-step N] [--batch-copies] [--out FILE]\n"
-      "                    [--quiet]\n"
+      "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
+      "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
+      "                    [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -135,6 +136,10 @@ void usage(FILE* to) {
       "  --steps N    training steps (default 10)\n"
       "  --seed N     data seed (default 1)\n"
       "  --device N   CUDA device (default 0)\n"
+      "  --devices N  spread the layers over N devices, from --device on, in blocks of\n"
+      "               consecutive layers (as a model split over GPUs in one process is):\n"
+      "               one thread drives them all, the copies between blocks are peer\n"
+      "               copies; the checksum is the one device's (default 1)\n"
       "  --eval-every N  after every N-th step, an evaluation pass: forward graphs only\n"
       "  --peek-step N   in step N, between forward and backward, an eager kernel reads\n"
       "                  the first layer's saved activation (0-based step number)\n"
@@ -174,6 +179,7 @@ Options parse(int argc, char** argv) {
                                  {"steps", required_argument, nullptr, 's'},
                                  {"seed", required_argument, nullptr, 'r'},
                                  {"device", required_argument, nullptr, 'd'},
+                                 {"devices", required_argument, nullptr, 'D'},
                                  {"quiet", no_argument, nullptr, 'q'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {"eval-every", required_argument, nullptr, 'e'},
@@ -210,6 +216,10 @@ Options parse(int argc, char** argv) {
       case 'd':
         ok = parse_number(optarg, 0, 1024, &v);
         o.device = static_cast<int>(v);
+        break;
+      case 'D':
+        ok = parse_number(optarg, 1, 64, &v);
+        o.devices = static_cast<int>(v);
         break;
       case 'e':
         ok = parse_number(optarg, 0, 1000000, &v);
@@ -250,10 +260,18 @@ Options parse(int argc, char** argv) {
     usage(stderr);
     std::exit(2);
   }
+  if (o.devices > 1 && (o.api_graph || o.batch_copies)) {
+    std::fprintf(stderr,
+                 "train_layers: --devices %d cannot go with --api-graph or --batch-copies "
+                 "(they use one device)\n",
+                 o.devices);
+    std::exit(2);
+  }
   return o;
 }
 
 struct Layer {
+  size_t dev = 0;           // index of its device in main's list
   uint32_t* x = nullptr;    // static input (written by the eager input copy)
   uint32_t* gy = nullptr;   // static incoming gradient
   uint32_t* w = nullptr;    // parameters
@@ -331,82 +349,142 @@ cudaGraphExec_t capture(cudaStream_t s, Body body) {
 
 }  // namespace
 
+// One device's part of the job: its stream (every launch on it), the event that orders its
+// stream before the next device's, and the memory held back by --limit-mib.
+struct Device {
+  int id = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t handed = nullptr;  // recorded after a copy to the next or previous device
+  void* hold = nullptr;
+  size_t held = 0;
+  size_t free_start = 0;  // after the hold: the job's own use is free_start - least_free
+  size_t least_free = 0;
+};
+
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const size_t bytes = size_t{o.elems} * sizeof(uint32_t);
-  CHECK(cudaSetDevice(o.device));
-  cudaStream_t s = nullptr;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const Launcher launch(o.elems, s);
   uint32_t n = o.elems;
-
-  size_t free_start = 0, total = 0;
-  CHECK(cudaMemGetInfo(&free_start, &total));
-  void* hold = nullptr;
-  size_t held = 0;
-  if (o.limit_mib > 0 && free_start > (size_t(o.limit_mib) << 20)) {
-    held = free_start - (size_t(o.limit_mib) << 20);
-    CHECK(cudaMallocAsync(&hold, held, s));
-    CHECK(cudaStreamSynchronize(s));
-    CHECK(cudaMemGetInfo(&free_start, &total));
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  if (o.device + o.devices > count) {
+    std::fprintf(stderr, "train_layers: devices %d to %d asked for, but there are %d\n", o.device,
+                 o.device + o.devices - 1, count);
+    return 2;
   }
-
+  std::vector<Device> devs(static_cast<size_t>(o.devices));
+  std::vector<Launcher> launchers;
+  size_t total = 0;
+  for (size_t d = 0; d < devs.size(); ++d) {
+    Device& D = devs[d];
+    D.id = o.device + static_cast<int>(d);
+    CHECK(cudaSetDevice(D.id));
+    CHECK(cudaStreamCreateWithFlags(&D.stream, cudaStreamNonBlocking));
+    CHECK(cudaEventCreateWithFlags(&D.handed, cudaEventDisableTiming));
+    launchers.emplace_back(o.elems, D.stream);
+    CHECK(cudaMemGetInfo(&D.free_start, &total));
+    if (o.limit_mib > 0 && D.free_start > (size_t(o.limit_mib) << 20)) {
+      D.held = D.free_start - (size_t(o.limit_mib) << 20);
+      CHECK(cudaMallocAsync(&D.hold, D.held, D.stream));
+      CHECK(cudaStreamSynchronize(D.stream));
+      CHECK(cudaMemGetInfo(&D.free_start, &total));
+    }
+    D.least_free = D.free_start;
+  }
+  // Makes layer l's device current and returns its launcher.
   std::vector<Layer> layers(static_cast<size_t>(o.layers));
+  const auto on = [&](const Layer& L) -> const Launcher& {
+    CHECK(cudaSetDevice(devs[L.dev].id));
+    return launchers[L.dev];
+  };
+
   for (size_t l = 0; l < layers.size(); ++l) {
     Layer& L = layers[l];
+    L.dev = l * devs.size() / layers.size();  // blocks of consecutive layers
+    const Launcher& launch = on(L);
     for (uint32_t** p : {&L.x, &L.gy, &L.w, &L.acc})
       CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
     uint32_t wseed = o.seed * 7919u + static_cast<uint32_t>(l);
     launch((const void*)fill_kernel, {&L.w, &wseed, &n});
-    CHECK(cudaMemsetAsync(L.acc, 0, bytes, s));
-    CHECK(cudaMemsetAsync(L.x, 0, bytes, s));
-    CHECK(cudaMemsetAsync(L.gy, 0, bytes, s));
+    CHECK(cudaMemsetAsync(L.acc, 0, bytes, launch.stream));
+    CHECK(cudaMemsetAsync(L.x, 0, bytes, launch.stream));
+    CHECK(cudaMemsetAsync(L.gy, 0, bytes, launch.stream));
   }
   int captured_allocations = 0;
   for (Layer& L : layers) {
-    L.forward = capture(s, [&] {
+    const Launcher& launch = on(L);
+    L.forward = capture(launch.stream, [&] {
       L.act = malloc_during_capture(bytes);
       L.y = malloc_during_capture(bytes);
       captured_allocations += 2;
       launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n});
     });
-    L.backward = capture(s, [&] {
+    L.backward = capture(launch.stream, [&] {
       L.gx = malloc_during_capture(bytes);
       L.gw = malloc_during_capture(bytes);
       captured_allocations += 2;
       launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n});
     });
   }
+  Layer& first = layers.front();
+  Layer& last = layers.back();
+  const Launcher& launch = on(first);  // the first layer's device: the eager extras run there
+  const cudaStream_t s = launch.stream;
 
   uint32_t* host = nullptr;
   CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), bytes));
   uint32_t* host_first = nullptr;  // --batch-copies: the first layer's output, copied beside
   CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_first), bytes));
-  // A device-to-device copy between layers: one cudaMemcpyAsync, or with --batch-copies a batch
-  // of one copy (cudaMemcpyBatchAsync, CUDA 12.8 and later).
+  // A device-to-device copy between layers, on the stream of the layer that wrote the source: one
+  // cudaMemcpyAsync, or with --batch-copies a batch of one copy (cudaMemcpyBatchAsync, CUDA 12.8
+  // and later). Between layers on two devices it is a peer copy, and the receiving device's stream
+  // waits for it.
   cudaMemcpyAttributes batch_attrs{};
   batch_attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   size_t batch_attrs_index = 0;
-  const auto hand_off = [&](void* dst, const void* src) {
+  const auto hand_off = [&](const Layer& from, const Layer& to, void* dst, const void* src) {
+    const cudaStream_t stream = on(from).stream;
     if (!o.batch_copies) {
-      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-      return;
+      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    } else {
+      void* dsts[] = {dst};
+      const void* srcs[] = {src};
+      const size_t sizes[] = {bytes};
+      CHECK(
+          cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &batch_attrs, &batch_attrs_index, 1, stream));
     }
-    void* dsts[] = {dst};
-    const void* srcs[] = {src};
-    const size_t sizes[] = {bytes};
-    CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &batch_attrs, &batch_attrs_index, 1, s));
+    if (to.dev != from.dev) {
+      CHECK(cudaEventRecord(devs[from.dev].handed, stream));
+      CHECK(cudaStreamWaitEvent(launchers[to.dev].stream, devs[from.dev].handed, 0));
+    }
   };
+  // The forward pass from the first layer's static input to the last layer's output.
+  const auto forward = [&] {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      CHECK(cudaGraphLaunch(layers[l].forward, on(layers[l]).stream));
+      if (l + 1 < layers.size()) hand_off(layers[l], layers[l + 1], layers[l + 1].x, layers[l].y);
+    }
+  };
+  // The last layer's output to the host, and every device's stream drained.
+  const auto to_host = [&](uint32_t* into) {
+    CHECK(cudaMemcpyAsync(into, last.y, bytes, cudaMemcpyDeviceToHost, on(last).stream));
+    for (Device& D : devs) {
+      CHECK(cudaSetDevice(D.id));
+      CHECK(cudaStreamSynchronize(D.stream));
+    }
+  };
+  on(first);
   uint32_t* peek = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&peek), bytes));
   CHECK(cudaMemsetAsync(peek, 0, bytes, s));
   if (!o.quiet) {
-    std::printf(
-        "train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d\n",
-        o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
+    std::printf("train_layers: %d layers x %u elements (%.2f MiB per buffer), %d steps, device %d",
+                o.layers, o.elems, static_cast<double>(bytes) / (1 << 20), o.steps, o.device);
+    if (o.devices > 1) std::printf(" to %d", o.device + o.devices - 1);
+    std::printf("\n");
   }
 
-  PeekGraph peeker{layers[0].act, peek, n};
+  PeekGraph peeker{first.act, peek, n};
   cudaGraph_t peek_graph = nullptr;
   cudaGraphNode_t peek_node = nullptr;
   cudaGraphExec_t peek_exec = nullptr;
@@ -417,21 +495,17 @@ int main(int argc, char** argv) {
 
   uint64_t checksum = 1469598103934665603ull;
   void* extra = nullptr;
-  size_t least_free = free_start;  // after the hold: the job's own use is free_start - least_free
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<double> step_ms;
   for (int step = 0; step < o.steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     uint32_t data_seed = o.seed * 104729u + static_cast<uint32_t>(step);
-    launch((const void*)fill_kernel, {&layers[0].x, &data_seed, &n});
-    for (size_t l = 0; l < layers.size(); ++l) {
-      CHECK(cudaGraphLaunch(layers[l].forward, s));
-      if (l + 1 < layers.size()) hand_off(layers[l + 1].x, layers[l].y);
-    }
-    Layer& last = layers.back();
-    if (step == o.peek_step) launch((const void*)peek_kernel, {&layers[0].act, &peek, &n});
+    on(first)((const void*)fill_kernel, {&first.x, &data_seed, &n});
+    forward();
+    on(first);
+    if (step == o.peek_step) launch((const void*)peek_kernel, {&first.act, &peek, &n});
     if (step == o.fault_step) {
-      auto* wild = reinterpret_cast<uint32_t*>(reinterpret_cast<uintptr_t>(layers[0].act) +
+      auto* wild = reinterpret_cast<uint32_t*>(reinterpret_cast<uintptr_t>(first.act) +
                                                (uintptr_t{1} << 40));
       uint32_t one = 1;
       launch((const void*)fault_kernel, {&wild, &one});
@@ -451,32 +525,38 @@ int main(int argc, char** argv) {
       }
       CHECK(cudaGraphLaunch(peek_exec, s));
     }
-    launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+    on(last)((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
     for (size_t l = layers.size(); l-- > 0;) {
-      CHECK(cudaGraphLaunch(layers[l].backward, s));
-      launch((const void*)accumulate_kernel, {&layers[l].acc, &layers[l].gw, &n});
-      if (l > 0) hand_off(layers[l - 1].gy, layers[l].gx);
+      Layer& L = layers[l];
+      CHECK(cudaGraphLaunch(L.backward, on(L).stream));
+      on(L)((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
+      if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
     }
-    for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
+    for (Layer& L : layers) on(L)((const void*)update_kernel, {&L.w, &L.acc, &n});
     if (o.batch_copies) {
       // The loss's source and the first layer's output (not part of the checksum) in one batch.
+      on(first);
       void* dsts[] = {host, host_first};
-      const void* srcs[] = {last.y, layers[0].y};
+      const void* srcs[] = {last.y, first.y};
       const size_t sizes[] = {bytes, bytes};
       CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &batch_attrs, &batch_attrs_index, 1, s));
+      CHECK(cudaStreamSynchronize(s));
     } else {
-      CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
+      to_host(host);
     }
-    CHECK(cudaStreamSynchronize(s));
     const uint64_t loss = fnv1a(1469598103934665603ull, host, bytes);
     checksum = fnv1a(checksum, &loss, sizeof(loss));
     step_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
             .count());
     if (!o.quiet) std::printf("step %4d  loss 0x%016" PRIx64 "\n", step, loss);
-    size_t free_now = 0;
-    CHECK(cudaMemGetInfo(&free_now, &total));
-    least_free = free_now < least_free ? free_now : least_free;
+    for (Device& D : devs) {
+      size_t free_now = 0;
+      CHECK(cudaSetDevice(D.id));
+      CHECK(cudaMemGetInfo(&free_now, &total));
+      D.least_free = free_now < D.least_free ? free_now : D.least_free;
+    }
+    on(first);
     if (step == 5 && o.extra_mib > 0) {
       const size_t extra_bytes = size_t(o.extra_mib) << 20;
       CHECK(cudaMalloc(&extra, extra_bytes));
@@ -488,20 +568,15 @@ int main(int argc, char** argv) {
     if (o.eval_every > 0 && step % o.eval_every == o.eval_every - 1) {
       // Evaluation: the forward graphs alone, out of the training pattern.
       uint32_t eval_seed = o.seed * 15485863u + static_cast<uint32_t>(step);
-      launch((const void*)fill_kernel, {&layers[0].x, &eval_seed, &n});
-      for (size_t l = 0; l < layers.size(); ++l) {
-        CHECK(cudaGraphLaunch(layers[l].forward, s));
-        if (l + 1 < layers.size()) {
-          CHECK(cudaMemcpyAsync(layers[l + 1].x, layers[l].y, bytes, cudaMemcpyDeviceToDevice, s));
-        }
-      }
-      CHECK(cudaMemcpyAsync(host, last.y, bytes, cudaMemcpyDeviceToHost, s));
-      CHECK(cudaStreamSynchronize(s));
+      on(first)((const void*)fill_kernel, {&first.x, &eval_seed, &n});
+      forward();
+      to_host(host);
       const uint64_t eval = fnv1a(1469598103934665603ull, host, bytes);
       checksum = fnv1a(checksum, &eval, sizeof(eval));
       if (!o.quiet) std::printf("eval %4d  loss 0x%016" PRIx64 "\n", step, eval);
     }
   }
+  on(first);
   if (o.peek_step >= 0 || o.api_graph) {
     CHECK(cudaMemcpy(host, peek, bytes, cudaMemcpyDeviceToHost));
     checksum = fnv1a(checksum, host, bytes);
@@ -509,20 +584,27 @@ int main(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (Layer& L : layers) {
+    on(L);
     CHECK(cudaMemcpy(host, L.w, bytes, cudaMemcpyDeviceToHost));
     checksum = fnv1a(checksum, host, bytes);
   }
 
-  size_t free_end = 0;
-  CHECK(cudaMemGetInfo(&free_end, &total));
+  size_t in_use = 0, least_free = 0, held = 0;
+  for (Device& D : devs) {
+    size_t free_end = 0;
+    CHECK(cudaSetDevice(D.id));
+    CHECK(cudaMemGetInfo(&free_end, &total));
+    in_use += D.free_start - free_end;
+    least_free += D.least_free;
+    held += D.held;
+  }
   if (!o.quiet) {
     std::printf(
         "graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
         2 * o.layers, 2 * o.layers * o.steps, captured_allocations,
         static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
     std::printf("device memory in use: %.1f MiB (cudaMemGetInfo); %.3f s, %.2f ms/step\n",
-                static_cast<double>(free_start - free_end) / (1 << 20), seconds,
-                1e3 * seconds / o.steps);
+                static_cast<double>(in_use) / (1 << 20), seconds, 1e3 * seconds / o.steps);
   }
   std::printf("checksum 0x%016" PRIx64 "\n", checksum);
   if (o.out != nullptr) {
@@ -536,15 +618,17 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < step_ms.size(); ++i) {
       std::fprintf(f, "%s%.4f", i == 0 ? "" : ", ", step_ms[i]);
     }
-    std::fprintf(f, "], \"least_free_bytes\": %zu, \"held_bytes\": %zu}\n", least_free, held);
+    std::fprintf(f, "], \"least_free_bytes\": %zu, \"held_bytes\": %zu, \"devices\": %d}\n",
+                 least_free, held, o.devices);
     std::fclose(f);
   }
-
   for (Layer& L : layers) {
+    on(L);
     CHECK(cudaGraphExecDestroy(L.forward));
     CHECK(cudaGraphExecDestroy(L.backward));
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
   }
+  on(first);
   if (extra != nullptr) CHECK(cudaFree(extra));
   if (o.api_graph) {
     CHECK(cudaGraphExecDestroy(peek_exec));
@@ -553,8 +637,12 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(peek));
   CHECK(cudaFreeHost(host));
   CHECK(cudaFreeHost(host_first));
-  if (hold != nullptr) CHECK(cudaFreeAsync(hold, s));
-  CHECK(cudaStreamSynchronize(s));
-  CHECK(cudaStreamDestroy(s));
+  for (Device& D : devs) {
+    CHECK(cudaSetDevice(D.id));
+    if (D.hold != nullptr) CHECK(cudaFreeAsync(D.hold, D.stream));
+    CHECK(cudaStreamSynchronize(D.stream));
+    CHECK(cudaEventDestroy(D.handed));
+    CHECK(cudaStreamDestroy(D.stream));
+  }
   return 0;
 }

@@ -13,6 +13,12 @@
 #      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY.
 #   4. The device handshake (residency.handshake=device; the default is the host one): the same
 #      checksum; asked for with CUDA_DEVICE_MAX_CONNECTIONS=1, a named error.
+#   5. Two devices driven from one thread (--devices 2: 16 layers, 8 on each 100 MiB device, peer
+#      copies between them, every buffer a slot): without vaswap out of memory; under vaswap each
+#      device's slots are evicted and restored on that device, and a copy on one device's stream
+#      into or out of the other's slot finds access (a GPU refuses it otherwise), to the checksum
+#      of one unconstrained device. And where each device's slots fit its own budget (though not
+#      all of them one device's), one plan per device offloads nothing.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -131,4 +137,50 @@ fi
 grep -q "residency.handshake is device, but CUDA_DEVICE_MAX_CONNECTIONS=1" "$tmp/err" ||
   fail "one_queue: no named error"
 echo "ok   the device handshake where asked: same checksum; with one hardware queue: a named error"
+
+# 5. Two devices from one thread.
+want16=$("$demo" --quiet --steps 12 --layers 16)
+if VASWAP_SIM_DEVICES=2 VASWAP_SIM_DEVICE_MEMORY=100MiB,100MiB "$demo" --quiet --steps 12 \
+  --layers 16 --devices 2 >/dev/null 2>"$tmp/err"; then
+  fail "two_devices: 8 layers on each 100 MiB device fit without vaswap: the test proves nothing"
+fi
+grep -q "cudaErrorMemoryAllocation" "$tmp/err" || fail "two_devices: without vaswap not an out-of-memory"
+# Every buffer a slot (captured_only off): the peer copies write and read other devices' slots.
+got=$(VASWAP_SIM_DEVICES=2 VASWAP_SIM_DEVICE_MEMORY=100MiB,100MiB \
+  VASWAP_CONF="$base,selection.captured_only=false,log.level=info" \
+  run --trace "$tmp/two_devices.jsonl" -- "$demo" --quiet --steps 12 --layers 16 --devices 2 \
+  2>"$tmp/err") || fail "two_devices: the demo failed under vaswap: $(grep -m3 -i error "$tmp/err")"
+[[ "$got" == "$want16" ]] || fail "two_devices: checksum '$got', one unconstrained device '$want16'"
+summary two_devices '
+assert s["errors"] == 0 and s["oom_launches"] == 0, s
+for kind in ("slot_create", "release", "remap"):
+    devices = {e["device"] for e in ev if e["ev"] == kind}
+    assert devices == {0, 1}, (kind, devices)
+slot_device = {e["slot"]: e["device"] for e in ev if e["ev"] == "slot_create"}
+for e in ev:  # every eviction and restore on its slot`s own device
+    if e["ev"] in ("release", "remap", "d2h", "h2d"):
+        assert e["device"] == slot_device[e["slot"]], e
+n = {d: sum(1 for e in ev if e["ev"] == "release" and e["device"] == d) for d in (0, 1)}
+print(f"     releases on device 0: {n[0]}, on device 1: {n[1]}; checksum of one device")
+'
+echo "ok   two devices from one thread: out of memory without vaswap; under it, the checksum of one device"
+
+# 5b. Each device's slots against its own budget: 8 layers, 4 on each 80 MiB device. Each device's
+#     32 MiB of slot pages fit its budget; all 64 MiB would not fit one device's. Nothing is offloaded.
+want8=$("$demo" --quiet --steps 20)
+got=$(VASWAP_SIM_DEVICES=2 VASWAP_SIM_DEVICE_MEMORY=80MiB,80MiB VASWAP_CONF="$base,log.level=info" \
+  run --trace "$tmp/two_devices_fit.jsonl" -- "$demo" --quiet --steps 20 --layers 8 --devices 2 \
+  2>"$tmp/err") || fail "two_devices_fit: the demo failed under vaswap"
+[[ "$got" == "$want8" ]] || fail "two_devices_fit: checksum '$got', one unconstrained device '$want8'"
+summary two_devices_fit '
+plans = [e for e in ev if e["ev"] == "plan"]
+assert sorted(e["device"] for e in plans) == [0, 1], plans
+for p in plans:
+    assert p["total_pages"] <= p["budget"] and p["windows"] == 0, p
+assert sum(p["total_pages"] for p in plans) > max(p["budget"] for p in plans), plans
+assert s["evictions"] == 0 and s["bytes_offloaded"] == 0, s
+print("     per device: %s MiB of slot pages, budgets %s MiB; nothing offloaded" % (
+    [p["total_pages"] >> 20 for p in plans], [p["budget"] >> 20 for p in plans]))
+'
+echo "ok   two devices whose slots each fit their own budget: a plan per device, nothing offloaded"
 echo "capacity: all checks passed"
