@@ -78,6 +78,8 @@ def main():
                    help="per-layer graphs: shared: one make_graphed_callables call for all "
                         "layers, whose graphs share one memory pool (the default); own: one call "
                         "per layer, each with its own pool")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the layers' parameters and activations")
     p.add_argument("--out", help="write the losses, step times and memory figures here (JSON)")
     args = p.parse_args()
 
@@ -105,17 +107,19 @@ def main():
         held = max(0, free - int(args.limit_gib * 2**30))
         hold_device_memory(held)
 
+    dtype = getattr(torch, args.dtype)
     layers = [
         torch.nn.TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, dropout=0.0,
-                                         batch_first=True, device=device)
+                                         batch_first=True, device=device, dtype=dtype)
         for _ in range(args.layers)
     ]
-    head = torch.nn.Linear(args.d_model, args.d_model, device=device)
+    head = torch.nn.Linear(args.d_model, args.d_model, device=device, dtype=dtype)
     params = [q for layer in layers for q in layer.parameters()] + list(head.parameters())
     optimizer = torch.optim.SGD(params, lr=1e-3)
 
     shape = (args.batch, args.seq, args.d_model)
-    samples = tuple((torch.randn(shape, device=device, requires_grad=True),) for _ in layers)
+    samples = tuple((torch.randn(shape, device=device, dtype=dtype, requires_grad=True),)
+                    for _ in layers)
     if args.graph == "per-layer" and args.pool == "shared":
         graphed = torch.cuda.make_graphed_callables(tuple(layers), samples)
     elif args.graph == "per-layer":
@@ -126,8 +130,8 @@ def main():
 
     data_rng = torch.Generator(device=device)
     data_rng.manual_seed(args.seed + 1000 * rank)  # each rank its own data
-    data = torch.randn((args.steps,) + shape, device=device, generator=data_rng)
-    target = torch.randn((args.steps,) + shape, device=device, generator=data_rng)
+    data = torch.randn((args.steps,) + shape, device=device, dtype=dtype, generator=data_rng)
+    target = torch.randn((args.steps,) + shape, device=device, dtype=dtype, generator=data_rng)
     losses, step_ms = [], []
     least_free = torch.cuda.mem_get_info()[0]
     torch.cuda.synchronize()
