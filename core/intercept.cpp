@@ -300,17 +300,18 @@ void say_summary() {
       "summary: {} slots selected; {} offloaded ({} plan{}); {:.0f} MiB offloaded, {:.0f} MiB "
       "restored; device memory peak {:.0f} MiB in use, {:.0f} MiB with the released pages added "
       "back (cuMemGetInfo); residency budget {:.0f} MiB, slots held at most {:.0f} MiB; {} "
-      "evictions ({} for room, {} planned, {} for the program's own allocations); {} launches "
-      "refused for want of memory; {} handshake; host waited {:.1f} ms for restores ({} waits, "
+      "evictions ({} for room, {} planned, {} for the program's own allocations; {} called off "
+      "by a restore before the unmap); {} launches refused for want of memory; {} handshake; host "
+      "waited {:.1f} ms for restores ({} waits, "
       "{} slots on demand) and {:.1f} ms for the pages of copies and memsets ({} waits){}; {} "
       "guard hits; {} deviations; {} errors{}",
       t.slots.load(), p.regions_offloaded, p.plans, p.plans == 1 ? "" : "s",
       static_cast<double>(s.bytes_offloaded) / mib, static_cast<double>(s.bytes_restored) / mib,
       static_cast<double>(peaks.used) / mib, static_cast<double>(peaks.without_releases) / mib,
       static_cast<double>(r.budget_bytes) / mib, static_cast<double>(r.peak_resident) / mib,
-      r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.oom_launches,
-      r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls, p.on_demand_restores,
-      p.map_wait_us / 1e3, p.map_waits,
+      r.evictions, r.evictions_budget, r.evictions_plan, r.evictions_program, r.reclaims,
+      r.oom_launches, r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls,
+      p.on_demand_restores, p.map_wait_us / 1e3, p.map_waits,
       r.device_handshake ? fmt::format("; first-time work waited {:.1f} ms for parked streams ({} "
                                        "waits)",
                                        r.settle_wait_us / 1e3, r.settle_waits)
@@ -331,6 +332,7 @@ void say_summary() {
       .add("evictions_budget", r.evictions_budget)
       .add("evictions_plan", r.evictions_plan)
       .add("evictions_program", r.evictions_program)
+      .add("reclaims", r.reclaims)
       .add("oom_launches", r.oom_launches)
       .add("handshake", r.device_handshake ? "device" : "host")
       .add("wait_us", p.stall_us)

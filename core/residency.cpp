@@ -282,6 +282,7 @@ struct Device {
   std::condition_variable jobs_cv, unmaps_cv, copies_cv;
   int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
   int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
+  uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
 };
 
@@ -398,6 +399,11 @@ class Residency {
   void do_restore(Device& d, const Job& job);
   void do_evict(Device& d, const Job& job);
   bool dependencies_done(const Unmap& unmap);
+  bool restore_landed(const Unmap& unmap);
+  // The eviction is called off when a restore of the slot was decided after it (and no eviction
+  // since), before its pages went: see run_unmapper. `copied`: its D2H ran. True when it was.
+  // `va`, when not null, gets the slot's address.
+  bool reclaim(Device& d, const Unmap& unmap, bool copied, CUdeviceptr* va = nullptr);
   bool submit_copy(Device& d, Unmap& unmap);
   bool relieve(Device& d, uint64_t restoring);
   bool evict_idle(Device& d, uint64_t restoring);
@@ -1812,12 +1818,15 @@ void Residency::run_mover(Device& d) {
       d.jobs_cv.wait(lock, [&d] { return !d.jobs.empty(); });
       job = std::move(d.jobs.front());
       d.jobs.pop_front();
+      d.moving = job.kind == JobKind::restore ? job.slot : 0;
     }
     if (job.kind == JobKind::restore) {
       do_restore(d, job);
     } else {
       do_evict(d, job);
     }
+    std::lock_guard<std::mutex> lock(mutex_);
+    d.moving = 0;
   }
 }
 
@@ -2166,6 +2175,11 @@ bool Residency::dependencies_done(const Unmap& unmap) {
       return false;  // not closed yet (its stream captures), or still running
     }
   }
+  return restore_landed(unmap);
+}
+
+// True once the restore the eviction follows (if any) has landed.
+bool Residency::restore_landed(const Unmap& unmap) {
   if (!unmap.after_restore) return true;
   if (unmap.device_handshake) {
     const uint32_t now = __atomic_load_n(unmap.flag.host, __ATOMIC_ACQUIRE);
@@ -2173,7 +2187,56 @@ bool Residency::dependencies_done(const Unmap& unmap) {
   }
   // The host handshake: the restore it follows was submitted before this eviction reached the
   // unmapper (the mover takes jobs in order), and its event follows that restore's copy.
-  return unmap.restore_event == nullptr || driver.cuEventQuery(unmap.restore_event) == CUDA_SUCCESS;
+  return unmap.restore_event == nullptr || drv().cuEventQuery(unmap.restore_event) == CUDA_SUCCESS;
+}
+
+// A restore of the slot decided while its eviction had not yet unmapped (the plan's release and
+// its next restore close together, or a launch that needs it again): the slot still has its pages
+// and its data, so the eviction ends here, before its copy or after it, without an unmap. The
+// restore then publishes at once (do_restore finds the slot mapped) and moves nothing: the
+// application's thread, which waits for a restore's submission under the host handshake, does not
+// wait for this eviction's device work, an unmap, a map and an H2D. Only once the restore the
+// eviction follows has landed (its data is in the pages, and its flag will not be written again
+// behind the new restore's), and only for the slot's one pending eviction.
+// Never while another slot's restore is being carried out or queued ahead of this slot's: a
+// restore decided after the eviction counts on the pages it gives back (the stress suite
+// deadlocked so: that restore waited for room ahead of the eviction that would have made it),
+// nor for the program's out-of-memory, whose retry waits for those pages.
+bool Residency::reclaim(Device& d, const Unmap& unmap, bool copied, CUdeviceptr* va) {
+  if (!unmap.may_keep || !restore_landed(unmap)) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(unmap.slot);
+    if (e == nullptr || e->forgotten || e->where != Where::resident || !e->mapped ||
+        e->evictions_decided != e->evictions_done + 1) {
+      return false;
+    }
+    if (d.moving != 0 && d.moving != unmap.slot) return false;
+    for (const Job& job : d.jobs) {
+      if (job.kind != JobKind::restore) continue;
+      if (job.slot == unmap.slot) break;
+      return false;  // another slot's restore is queued ahead of this one's
+    }
+    ++e->evictions_done;  // where, committed and physical already count the slot: resident
+    if (va != nullptr) *va = e->slot->va;
+    ++stats_.reclaims;
+    if (unmap.start != nullptr) d.spare_events.push_back(unmap.start);
+    if (unmap.done != nullptr) d.spare_events.push_back(unmap.done);
+    --d.unmaps_in_flight;
+    if (trace::enabled()) {
+      trace::Record(trace::Event::reclaim)
+          .add("slot", unmap.slot)
+          .hex("va", e->slot->va)
+          .add("bytes", e->pages)
+          .add("device", d.ordinal)
+          .add("copied", copied)
+          .add("ready", static_cast<uint64_t>(e->ready))
+          .add("lag_us", trace::us_since(unmap.queued_ns))
+          .emit();
+    }
+  }
+  changed_.notify_all();
+  return true;
 }
 
 // The D2H of an eviction whose dependencies are done, on the offload stream, between two timing
@@ -2323,7 +2386,8 @@ void Residency::run_unmapper(Device& d) {
       }
       const uint64_t start = trace::now_ns();
       auto pause = std::chrono::microseconds(5);
-      while (!dependencies_done(unmap)) {
+      bool reclaimed = false;
+      while (!(reclaimed = reclaim(d, unmap, false)) && !dependencies_done(unmap)) {
         if (trace::now_ns() - start > limit) {
           die(wait_failure(CUDA_ERROR_LAUNCH_TIMEOUT, true,
                            "the last uses before the eviction of slot " +
@@ -2333,6 +2397,10 @@ void Residency::run_unmapper(Device& d) {
         }
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::microseconds(200));
+      }
+      if (reclaimed) {  // before its copy: nothing moved
+        mine.pop_front();
+        continue;
       }
       unmap.failed = !submit_copy(d, unmap);
     }
@@ -2374,7 +2442,9 @@ void Residency::run_unmapper(Device& d) {
     Slot* slot = nullptr;
     CUdeviceptr slot_va = 0;
     bool keep = false;
-    {
+    // After its copy (the host copy is current too), still before the unmap.
+    const bool reclaimed = reclaim(d, unmap, unmap.copied, &slot_va);
+    if (!reclaimed) {
       std::lock_guard<std::mutex> lock(mutex_);
       d.spare_events.push_back(unmap.start);
       d.spare_events.push_back(unmap.done);
@@ -2415,6 +2485,10 @@ void Residency::run_unmapper(Device& d) {
             .add("dur_us", static_cast<double>(ms) * 1e3)
             .emit();
       }
+    }
+    if (reclaimed) {
+      mine.pop_front();
+      continue;
     }
     if (slot == nullptr) {  // freed meanwhile
       std::lock_guard<std::mutex> lock(mutex_);

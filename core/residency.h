@@ -136,6 +136,7 @@ struct Stats {
   uint64_t evictions = 0, restores = 0, first_maps = 0;
   uint64_t distinct_evicted = 0;  // slots evicted at least once
   uint64_t evictions_budget = 0, evictions_plan = 0, evictions_program = 0;
+  uint64_t reclaims = 0;      // evictions called off by a restore of the same slot before the unmap
   uint64_t oom_launches = 0;  // launches refused with out-of-memory
   uint64_t host_waits = 0;    // host handshakes that had to wait for a worker
   double host_wait_us = 0;

@@ -660,6 +660,42 @@ TEST_F(ResidencyTest, AStalledEvictionCopySaysWhetherItBegan) {
       ::testing::ExitedWithCode(70), "D2H copy did not complete \\(it began\\)");
 }
 
+// A restore of a slot whose eviction has not unmapped yet calls the eviction off: the slot keeps
+// its pages and its data, nothing is copied either way, and the launch that needs it does not wait
+// for the eviction's device work (here its last use, held behind a closed gate on the stream for
+// 2 s). Before, the restore waited for the eviction's D2H, unmap, a new map and an H2D, and the
+// application's thread for all of it (issue 14: "submission waits for the same slot's release").
+TEST_F(ResidencyTest, ARestoreBeforeTheUnmapCallsTheEvictionOff) {
+  configure(4 * kPage);
+  Slot* a = make_slot();
+  fill(a, 41);
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(stream_, Gate::wait_fn, &gate));  // a's last use stays running
+  residency::evict({a}, "plan");
+  const vaswap_stats before = engine().stats();
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    gate.release();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  residency::Acquired acquired;
+  std::string message;
+  const CUresult rc = residency::acquire({a}, stream_, "a test launch", &acquired, &message);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (rc == CUDA_SUCCESS) residency::used(acquired);
+  opener.join();
+  ASSERT_EQ(CUDA_SUCCESS, rc) << message;
+  EXPECT_LT(waited_ms, 1000.0) << "the launch waited for the eviction's last use";
+  EXPECT_EQ(residency::stats().reclaims, 1u);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_TRUE(mapped(a));
+  expect_holds(a, 41);
+  const vaswap_stats after = engine().stats();
+  EXPECT_EQ(after.bytes_offloaded, before.bytes_offloaded) << "the eviction's D2H ran";
+  EXPECT_EQ(after.bytes_restored, before.bytes_restored) << "the slot was copied back";
+}
+
 // The device handshake's watchdog: a stream parked on a restore's flag that is not written within
 // residency.wait_limit ends the process with a named error, whatever holds the restore back (here
 // the mover stuck 5 s in cuMemMap, which no other wait watches) and while the application's
