@@ -506,6 +506,7 @@ void Engine::grant_access(Slot* slot, int ordinal) {
   if ((slot->peers.load(std::memory_order_acquire) & bit) != 0) return;
   Device& d = device(slot->device);
   ContextScope scope(driver_, d.context);
+  RelaxedCapture relaxed(driver_);  // the application's thread: never end another's capture
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = ordinal;

@@ -891,10 +891,10 @@ Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot
 
 // A copy or memset on one device's stream that names another device's slot: that device gets
 // access to the slot's pages (Engine::grant_access), as a cudaMalloc'd buffer needs none. The
-// slots are mapped and held by the ticket. On failure the ticket gives them back and carries the
-// error: the program's call is not made.
+// slots are mapped and held by the ticket (recorded into a capture: mapped, not held). On failure
+// the ticket gives them back and carries the error: the program's call is not made.
 void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot*>& slots,
-                       Ticket* ticket) {
+                       Ticket* ticket, bool capturing = false) {
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return;
   static const int devices = [driver] {
@@ -903,7 +903,7 @@ void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot
   }();
   if (devices < 2) return;
   CUdevice device = -1;
-  if (driver->cuStreamGetDevice == nullptr ||
+  if (capturing || driver->cuStreamGetDevice == nullptr ||
       driver->cuStreamGetDevice(stream, &device) != CUDA_SUCCESS) {
     if (driver->cuCtxGetDevice(&device) != CUDA_SUCCESS) return;  // no context: nothing runs
   }
@@ -912,7 +912,7 @@ void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot
       if (slot->device != device) engine().grant_access(slot, device);
     }
   } catch (const Error& e) {
-    planner::after_eager(*ticket);
+    if (!capturing) planner::after_eager(*ticket);  // a capture's slots are not held
     ticket->acquired = residency::Acquired{};
     ticket->result = CUDA_ERROR_INVALID_VALUE;
     ticket->message = std::string(call.symbol) + ": " + e.what();  // check() logged it
@@ -1077,7 +1077,13 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     // the H200: a memcpy into a reserved, unmapped address fails to capture).
     Ticket ticket;
     ticket.result = residency::back_for_capture(slots, &ticket.message);
-    if (ticket.result != CUDA_SUCCESS) log().error("{}: {}", call.symbol, ticket.message);
+    if (ticket.result != CUDA_SUCCESS) {
+      log().error("{}: {}", call.symbol, ticket.message);
+      return ticket;
+    }
+    // The node copies on the capturing stream's device at every replay; it is not asked (a
+    // capturing stream's device query ends the capture): the current context's is taken.
+    grant_peer_access(call, nullptr, slots, &ticket, /*capturing=*/true);
     return ticket;
   }
   Ticket ticket = hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);

@@ -2598,7 +2598,25 @@ void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
 void capture_count(int change) { the().captures_.fetch_add(change, std::memory_order_acq_rel); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
-  return the().back_for_capture(slots, message);
+  // One device's slots at a time, in one order, as acquire() does: a peer copy recorded into a
+  // capture names slots of two devices, and each needs its pages on its own device.
+  std::vector<int> devices;
+  for (const Slot* slot : slots) {
+    if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
+      devices.push_back(slot->device);
+    }
+  }
+  if (devices.size() <= 1) return the().back_for_capture(slots, message);
+  std::sort(devices.begin(), devices.end());
+  for (int device : devices) {
+    std::vector<Slot*> group;
+    for (Slot* slot : slots) {
+      if (slot->device == device) group.push_back(slot);
+    }
+    const CUresult rc = the().back_for_capture(group, message);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
 }
 Stats stats() { return the().stats(); }
 bool parks_streams() { return the().parks_streams(); }

@@ -696,6 +696,37 @@ TEST_F(ResidencyTest, ARestoreBeforeTheUnmapCallsTheEvictionOff) {
   EXPECT_EQ(after.bytes_restored, before.bytes_restored) << "the slot was copied back";
 }
 
+// A copy recorded into a capture is checked against its addresses then: a peer copy's slots of
+// both devices are mapped again before it is recorded, each on its own device (before, only the
+// first slot's device was looked at, and the other device's slot stayed away: the capture failed).
+TEST_F(ResidencyTest, ACapturedPeerCopyBacksTheSlotsOfBothDevices) {
+  configure(2 * kPage);
+  bind_device(3);
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  std::swap(other, stream_);
+  Slot* a3 = make_slot(3);
+  Slot* b3 = make_slot(3);
+  fill(a3, 61);
+  fill(b3, 62);
+  residency::evict({a3}, "plan");  // a3 leaves device 3
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  wait_mapped({a3}, false);
+  std::swap(other, stream_);
+  bind_device(0);
+  Slot* a0 = make_slot(0);
+  std::string message;
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({a0, a3}, &message)) << message;
+  EXPECT_TRUE(mapped(a0));
+  EXPECT_TRUE(mapped(a3)) << "device 3's slot is still away";
+  std::swap(other, stream_);
+  bind_device(3);
+  expect_holds(a3, 61);
+  std::swap(other, stream_);
+  bind_device(0);
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 // The device handshake's watchdog: a stream parked on a restore's flag that is not written within
 // residency.wait_limit ends the process with a named error, whatever holds the restore back (here
 // the mover stuck 5 s in cuMemMap, which no other wait watches) and while the application's
