@@ -225,7 +225,7 @@ class Planner {
   std::unique_ptr<Worker> planning_worker_;
   std::unique_ptr<MemorySampler> sampler_;
   bool sampler_tried_ = false;
-  std::optional<plan::Model> measured_;
+  std::map<int, plan::Model> measured_;  // per device: each has its own link
   Counters counters_;
   // rules mode
   struct ParsedRule {
@@ -430,7 +430,7 @@ plan::Model Planner::model_for(int device) {
   plan::Model given{policy_.h2d_gbps, policy_.d2h_gbps,
                     static_cast<double>(policy_.remap_latency_ns) / 1e3, "given"};
   if (policy_.model == Model::given) return given;
-  if (measured_) return *measured_;
+  if (auto it = measured_.find(device); it != measured_.end()) return it->second;
   // The copy test: one slot of up to 64 MiB (a quarter of what the device has free, when that is
   // less), D2H then H2D twice on a stream of its own (the second pair counts), then one unmap and
   // map of its pages.
@@ -499,7 +499,7 @@ plan::Model Planner::model_for(int device) {
       m = plan::Model{kFallbackGbps, kFallbackGbps, 1000, "fallback (copy test failed)"};
     }
   }
-  measured_ = m;
+  measured_[device] = m;
   return m;
 }
 

@@ -195,6 +195,7 @@ struct Job {
   bool with_data = false;        // restore: copy the host copy back; evict: copy out first
   uint64_t hand_to = 0;          // evict: the slot (id) of its size whose map takes its handle
   std::vector<MarkRef> waits;    // evict: the marks of its last uses (recorded)
+  std::vector<Mark> last_uses;   // evict: the same with their streams (a reclaim gives them back)
   const char* cause = "";
   uint64_t decided_ns = 0;
 };
@@ -203,12 +204,14 @@ struct Unmap {
   uint64_t slot = 0;
   bool copied = false;   // has data: copied out before the unmap
   bool may_keep = true;  // false for the program's out-of-memory: its pages go back to the device
-  uint64_t hand_to = 0;  // a slot of its size whose map is to take the handle (0: none)
+  bool reclaimable = true;  // false for the program's out-of-memory and a rule's explicit offload
+  uint64_t hand_to = 0;     // a slot of its size whose map is to take the handle (0: none)
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
   // What the copy waits for, checked on the host: the slot's last uses, and the restore it
   // follows (its flag's value, or its event under the host handshake).
   std::vector<MarkRef> waits;
+  std::vector<Mark> last_uses;  // the same marks with their streams
   Flag flag;
   uint32_t restore = 0;
   bool after_restore = false;
@@ -960,6 +963,7 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
       if (!m.record->closed()) close_mark(m.stream);  // still pending: close it now
       a.jobs[i].waits.push_back(m.record);
     }
+    a.jobs[i].last_uses = a.marks[i];
   }
   if (!a.jobs.empty()) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1959,6 +1963,7 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
       evict_locked(*e, "room", &actions);
     }
     for (const Mark& m : actions.marks[0]) actions.jobs[0].waits.push_back(m.record);
+    actions.jobs[0].last_uses = actions.marks[0];
     do_evict(d, actions.jobs[0]);
     return true;
   }
@@ -2138,8 +2143,10 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.bytes = e->bytes;
     unmap.copied = job.with_data;
     unmap.may_keep = std::string_view(job.cause) != "program";
+    unmap.reclaimable = unmap.may_keep && std::string_view(job.cause) != "rule";
     unmap.hand_to = job.hand_to;
     unmap.waits = job.waits;
+    unmap.last_uses = job.last_uses;
     unmap.flag = e->flag;
     unmap.restore = job.ready;
     unmap.after_restore = job.after_restore;
@@ -2201,9 +2208,19 @@ bool Residency::restore_landed(const Unmap& unmap) {
 // Never while another slot's restore is being carried out or queued ahead of this slot's: a
 // restore decided after the eviction counts on the pages it gives back (the stress suite
 // deadlocked so: that restore waited for room ahead of the eviction that would have made it),
-// nor for the program's out-of-memory, whose retry waits for those pages.
+// nor for the program's out-of-memory, whose retry waits for those pages, nor for a rule's
+// offload (rules mode moves exactly what its rules say).
 bool Residency::reclaim(Device& d, const Unmap& unmap, bool copied, CUdeviceptr* va) {
-  if (!unmap.may_keep || !restore_landed(unmap)) return false;
+  if (!unmap.reclaimable) return false;
+  {
+    // Held busy while the restore's event is read, so a free does not destroy it meanwhile.
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(unmap.slot);
+    if (e == nullptr || e->forgotten || e->where != Where::resident) return false;
+    ++e->busy;
+  }
+  const BusyHold hold(*this, unmap.slot);
+  if (!restore_landed(unmap)) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(unmap.slot);
@@ -2219,6 +2236,14 @@ bool Residency::reclaim(Device& d, const Unmap& unmap, bool copied, CUdeviceptr*
     }
     ++e->evictions_done;  // where, committed and physical already count the slot: resident
     if (va != nullptr) *va = e->slot->va;
+    // The eviction took the slot's last uses with it; those still running (on other streams than
+    // the uses since) are the slot's again, so that its next eviction waits for them too. A use
+    // since on the same stream follows the old one there.
+    for (const Mark& old : unmap.last_uses) {
+      const bool newer = std::any_of(e->marks.begin(), e->marks.end(),
+                                     [&old](const Mark& m) { return m.stream == old.stream; });
+      if (!newer) e->marks.push_back(old);
+    }
     ++stats_.reclaims;
     if (unmap.start != nullptr) d.spare_events.push_back(unmap.start);
     if (unmap.done != nullptr) d.spare_events.push_back(unmap.done);
@@ -2540,6 +2565,37 @@ void Residency::run_unmapper(Device& d) {
 // The interface
 // =============================================================================================
 
+namespace {
+
+// Calls `each` with one device's slots at a time (the residency's decisions are per device), the
+// devices in one order for every thread; stops at the first failure. One device: one call, no
+// copy.
+template <class Each>
+CUresult by_device(const std::vector<Slot*>& slots, Each each) {
+  const bool one_device = std::all_of(slots.begin(), slots.end(), [&slots](const Slot* slot) {
+    return slot->device == slots.front()->device;
+  });
+  if (one_device) return each(slots);
+  std::vector<int> devices;
+  for (const Slot* slot : slots) {
+    if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
+      devices.push_back(slot->device);
+    }
+  }
+  std::sort(devices.begin(), devices.end());
+  for (int device : devices) {
+    std::vector<Slot*> group;
+    for (Slot* slot : slots) {
+      if (slot->device == device) group.push_back(slot);
+    }
+    const CUresult rc = each(group);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 void configure(const Settings& settings) { the().configure(settings); }
 void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
@@ -2588,8 +2644,19 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
   return CUDA_SUCCESS;
 }
 void used(const Acquired& acquired) { the().used(acquired); }
-void evict(const std::vector<Slot*>& slots, const char* cause) { the().evict(slots, cause); }
-void prefetch(const std::vector<Slot*>& slots) { the().prefetch(slots); }
+// The plan's moves at a position may name slots of several devices (one plan per device).
+void evict(const std::vector<Slot*>& slots, const char* cause) {
+  by_device(slots, [cause](const std::vector<Slot*>& group) {
+    the().evict(group, cause);
+    return CUDA_SUCCESS;
+  });
+}
+void prefetch(const std::vector<Slot*>& slots) {
+  by_device(slots, [](const std::vector<Slot*>& group) {
+    the().prefetch(group);
+    return CUDA_SUCCESS;
+  });
+}
 void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_schedule(uses); }
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
@@ -2598,25 +2665,11 @@ void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
 void capture_count(int change) { the().captures_.fetch_add(change, std::memory_order_acq_rel); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
-  // One device's slots at a time, in one order, as acquire() does: a peer copy recorded into a
-  // capture names slots of two devices, and each needs its pages on its own device.
-  std::vector<int> devices;
-  for (const Slot* slot : slots) {
-    if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
-      devices.push_back(slot->device);
-    }
-  }
-  if (devices.size() <= 1) return the().back_for_capture(slots, message);
-  std::sort(devices.begin(), devices.end());
-  for (int device : devices) {
-    std::vector<Slot*> group;
-    for (Slot* slot : slots) {
-      if (slot->device == device) group.push_back(slot);
-    }
-    const CUresult rc = the().back_for_capture(group, message);
-    if (rc != CUDA_SUCCESS) return rc;
-  }
-  return CUDA_SUCCESS;
+  // A peer copy recorded into a capture names slots of two devices: each needs its pages on its
+  // own device.
+  return by_device(slots, [message](const std::vector<Slot*>& group) {
+    return the().back_for_capture(group, message);
+  });
 }
 Stats stats() { return the().stats(); }
 bool parks_streams() { return the().parks_streams(); }
