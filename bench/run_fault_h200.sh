@@ -10,7 +10,8 @@
 #   parked on a restore's flag when the context dies); fault in the first step (before a plan
 #   exists) and in a later one (under the plan). Where the machine has two GPUs
 #   (nvidia-h200-x2), also the demo spread over both from one thread (--devices 2), with no fault
-#   (checksum equal to a run without vaswap) and with a fault on the first GPU in step 4.
+#   (checksum equal to a run without vaswap) and with a fault on the first GPU in step 4, and with
+#   peer access enabled and kernels reading the other GPU's buffers (--peer-kernels).
 # Expects build/gpu/bin/train_layers_static_cuda and build/gpu/lib (carried). Writes
 # $OUT (else bench/results)/fault_h200.log and fault_h200.md.
 set -uo pipefail
@@ -91,6 +92,9 @@ if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then
   case_ two_devices_without_vaswap 0 -1 "" --layers 16 --devices 2
   case_ two_devices_no_fault 1 -1 "" --layers 16 --devices 2
   case_ two_devices_fault_step4 1 4 "residency.handshake=host" --layers 16 --devices 2
+  # Peer access enabled, kernels on each GPU reading the other's buffers (not copies).
+  case_ two_devices_peer_kernels_without_vaswap 0 -1 "" --layers 16 --devices 2 --peer-kernels
+  case_ two_devices_peer_kernels 1 -1 "" --layers 16 --devices 2 --peer-kernels
 fi
 cat "$md" >>"$log"
 rm -rf "$work"

@@ -65,7 +65,10 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d.ordinal;
-  // The device's own access first, then each peer's: at most one of each bit of `peers`.
+  // The device's own access first, then each peer's: at most one of each bit of `peers`, and of
+  // the devices the program gave access to all of this device's memory.
+  const auto& device_peers = device_peers_[static_cast<size_t>(d.ordinal) % 64];
+  peers |= device_peers.load(std::memory_order_acquire);
   CUmemAccessDesc access[65]{};
   unsigned accesses = 0;
   for (int ordinal = -1; ordinal < 64; ++ordinal) {
@@ -95,6 +98,14 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
   times->map_us = trace::us_since(t);
   t = trace::now_ns();
   rc = driver_.cuMemSetAccess(va, bytes, access, accesses);
+  // A device given access to all of this device's memory meanwhile (grant_device_access) may have
+  // missed these pages: it looks at mapped ones only. Its access now.
+  for (uint64_t late = device_peers.load(std::memory_order_acquire) & ~peers;
+       rc == CUDA_SUCCESS && late != 0; late &= late - 1) {
+    CUmemAccessDesc desc = access[0];
+    desc.location.id = __builtin_ctzll(late);
+    rc = driver_.cuMemSetAccess(va, bytes, &desc, 1);
+  }
   if (rc != CUDA_SUCCESS) {
     driver_.cuMemUnmap(va, bytes);
     driver_.cuMemRelease(handle);
@@ -480,8 +491,24 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted, bool back
         .add("dur_us", trace::us_since(start))
         .emit();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  slots_.insert(slot.get());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slots_.insert(slot.get());
+  }
+  // A device given access to all of this device's slots while this one was being made may have
+  // looked for it before it was listed: its access again, now that grant_device_access sees it.
+  const uint64_t peers = device_peers_[static_cast<size_t>(ordinal) % 64].load();
+  if (backed && peers != 0) {
+    ContextScope again(driver_, d.context);
+    auto lock = driver_call_lock();
+    for (uint64_t left = peers; left != 0; left &= left - 1) {
+      CUmemAccessDesc access{};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = __builtin_ctzll(left);
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      driver_.cuMemSetAccess(slot->va, slot->mapped_bytes, &access, 1);  // as map_pages did
+    }
+  }
   return slot.release();
 }
 
@@ -515,9 +542,40 @@ void Engine::grant_access(Slot* slot, int ordinal) {
     auto lock = driver_call_lock();
     check(driver_.cuMemSetAccess(slot->va, slot->mapped_bytes, &access, 1), "cuMemSetAccess",
           slot->describe() + ", for device " + std::to_string(ordinal) +
-              " (a copy on its stream names the slot)");
+              " (a copy on its stream names the slot)",
+          /*report=*/false);  // the caller says so, once
   }
   slot->peers.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+uint64_t Engine::grant_device_access(int owner, int accessor) {
+  if (owner == accessor || owner < 0 || owner >= 64 || accessor < 0 || accessor >= 64) return 0;
+  const uint64_t bit = uint64_t{1} << accessor;
+  // First the bit, then every slot of the device (whether mapped, or adopted, or not: a remap maps
+  // before the slot adopts): a map that read the bits before this one was set finished its
+  // cuMemMap before, so the call below finds its pages; a map that reads them after includes it.
+  if ((device_peers_[owner].fetch_or(bit, std::memory_order_acq_rel) & bit) != 0) return 0;
+  std::vector<std::pair<CUdeviceptr, size_t>> ranges;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Slot* slot : slots_) {
+      if (slot->device == owner) ranges.emplace_back(slot->va, slot->mapped_bytes);
+    }
+  }
+  Device& d = device(owner);
+  ContextScope scope(driver_, d.context);
+  RelaxedCapture relaxed(driver_);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = accessor;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  uint64_t granted = 0;
+  for (const auto& [va, bytes] : ranges) {
+    auto lock = driver_call_lock();
+    // A slot with no pages now fails here, and gets the access at its next map.
+    if (driver_.cuMemSetAccess(va, bytes, &access, 1) == CUDA_SUCCESS) ++granted;
+  }
+  return granted;
 }
 
 void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep) {

@@ -219,8 +219,12 @@ class Engine {
   // Gives `ordinal` (another device) read and write access to the slot's pages, now and at every
   // later map: a copy enqueued on that device's stream names the slot (a peer copy). The caller
   // holds the slot mapped meanwhile (residency's acquire). Throws Error naming the call, the
-  // slot and the device (for one that cannot reach this one's memory).
+  // slot and the device (for one that cannot reach this one's memory), without logging it.
   void grant_access(Slot* slot, int ordinal);
+  // Gives `accessor` access to every slot of device `owner`, now and at every later map (the
+  // program enabled peer access: its kernels may dereference them). Returns the slots it was
+  // given for now; a slot whose pages are away gets it at its next map.
+  uint64_t grant_device_access(int owner, int accessor);
   // Counts a copy residency made (the engine's stats and its peaks).
   void count_copy(bool d2h, uint64_t bytes) {
     (d2h ? bytes_offloaded_ : bytes_restored_).fetch_add(bytes);
@@ -312,6 +316,8 @@ class Engine {
 
   const Driver& driver_;
   std::mutex mutex_;
+  // Per device, the other devices given access to all its slots (bit N: device N).
+  std::atomic<uint64_t> device_peers_[64] = {};
   std::condition_variable changed_;
   std::unordered_set<Slot*> slots_;
   std::unordered_set<RemapBatch*> remaps_;

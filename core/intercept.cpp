@@ -891,10 +891,9 @@ Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot
 
 // A copy or memset on one device's stream that names another device's slot: that device gets
 // access to the slot's pages (Engine::grant_access), as a cudaMalloc'd buffer needs none. The
-// slots are mapped and held by the ticket (recorded into a capture: mapped, not held). On failure
-// the ticket gives them back and carries the error: the program's call is not made.
+// slots are mapped and held by the launch's ticket (recorded into a capture: mapped, not held).
 void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot*>& slots,
-                       Ticket* ticket, bool capturing = false) {
+                       bool capturing = false) {
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return;
   static const int devices = [driver] {
@@ -912,10 +911,15 @@ void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot
       if (slot->device != device) engine().grant_access(slot, device);
     }
   } catch (const Error& e) {
-    if (!capturing) planner::after_eager(*ticket);  // a capture's slots are not held
-    ticket->acquired = residency::Acquired{};
-    ticket->result = CUDA_ERROR_INVALID_VALUE;
-    ticket->message = std::string(call.symbol) + ": " + e.what();  // check() logged it
+    // The program's call is made all the same, and its own result stands: a device that cannot
+    // map the peer's pages may still have the copy staged by the driver.
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      log().warn(
+          "{}: device {} could not be given access to another device's slot ({}); the "
+          "copy is made as the program asked, and the driver decides",
+          call.symbol, static_cast<int>(device), e.what());
+    }
   }
 }
 
@@ -1083,11 +1087,11 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     }
     // The node copies on the capturing stream's device at every replay; it is not asked (a
     // capturing stream's device query ends the capture): the current context's is taken.
-    grant_peer_access(call, nullptr, slots, &ticket, /*capturing=*/true);
+    grant_peer_access(call, nullptr, slots, /*capturing=*/true);
     return ticket;
   }
   Ticket ticket = hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);
-  if (ticket.result == CUDA_SUCCESS) grant_peer_access(call, stream, slots, &ticket);
+  if (ticket.result == CUDA_SUCCESS) grant_peer_access(call, stream, slots);
   return ticket;
 }
 
@@ -1121,6 +1125,33 @@ void memory_queried(const Call& call, size_t free_bytes, size_t total_bytes) {
       .add("free", static_cast<uint64_t>(free_bytes))
       .add("total", static_cast<uint64_t>(total_bytes))
       .emit();
+}
+
+void peer_access_enabled(const Call& call, int peer) {
+  const int self = current_device();
+  if (self < 0 || peer < 0 || self == peer) return;
+  const uint64_t slots = engine().grant_device_access(peer, self);
+  log().info(
+      "{}: device {} may reach device {}'s memory: its slots are mapped for device {} "
+      "too ({} now)",
+      call.symbol, self, peer, self, slots);
+  if (trace::enabled()) {
+    record(trace::Event::notice, call)
+        .add("message", "peer access: device " + std::to_string(self) + " may reach device " +
+                            std::to_string(peer) + "'s slots")
+        .emit();
+  }
+}
+
+void peer_access_enabled(const Call& call, CUcontext peer) {
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr || peer == nullptr) return;
+  CUdevice device = -1;
+  {
+    ContextScope scope(*driver, peer);
+    if (driver->cuCtxGetDevice(&device) != CUDA_SUCCESS) return;
+  }
+  peer_access_enabled(call, static_cast<int>(device));
 }
 
 void device_resetting(const Call& call, std::optional<CUdevice> device) {

@@ -169,6 +169,11 @@ void memory_queried(const Call& call, size_t free_bytes, size_t total_bytes);
 // The current device (runtime) or `device` (driver) is about to be reset: its slots are freed
 // first, since the reset destroys the context that owns their pages.
 void device_resetting(const Call& call, std::optional<CUdevice> device);
+// The current device may now reach `peer`'s memory (cudaDeviceEnablePeerAccess: its ordinal;
+// cuCtxEnablePeerAccess: its context): every slot of the peer's is mapped for it too, now and at
+// every later map (Engine::grant_device_access).
+void peer_access_enabled(const Call& call, int peer);
+void peer_access_enabled(const Call& call, CUcontext peer);
 
 // ---------------------------------------------------------------------------------------------
 // Queries, for the C API and tests

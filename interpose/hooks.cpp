@@ -921,6 +921,25 @@ struct Reset<R (*)(Device...)> {
   }
 };
 
+// The program enabled the current device's access to a peer's memory (the runtime names the peer
+// device, the driver its context): kernels may now dereference the peer's allocations, so its
+// slots' pages are mapped for the current device too. Already enabled (704 either way) is success
+// for this: the slots need the access all the same.
+template <class Fn>
+struct PeerAccess;
+template <class R, class Peer>
+struct PeerAccess<R (*)(Peer, unsigned int)> {
+  R (*real)(Peer, unsigned int);
+  Call call;
+  R operator()(Peer peer, unsigned int flags) const {
+    if (!handle()) return real(peer, flags);
+    Scope scope;
+    const R rc = real(peer, flags);
+    if (rc == R{} || static_cast<int>(rc) == 704) intercept::peer_access_enabled(call, peer);
+    return rc;
+  }
+};
+
 // Lookups of driver functions: the real answer, with the functions vaswap hooks swapped for its
 // own. Not gated by the depth counter: cudaGetDriverEntryPoint reaches the driver's
 // cuGetProcAddress from inside a hook, and swapping an answer twice changes nothing.

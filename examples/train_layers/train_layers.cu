@@ -79,6 +79,12 @@ VSK_GLOBAL void fault_kernel(uint32_t* wild, uint32_t n) {
 }
 VSK_REGISTER(fault_kernel)
 
+// Between layers on two devices with --peer-kernels: the receiving device reads the other's buffer.
+VSK_GLOBAL void copy_kernel(uint32_t* dst, const uint32_t* src, uint32_t n) {
+  VSK_FOR(i, n) { dst[i] = src[i]; }
+}
+VSK_REGISTER(copy_kernel)
+
 VSK_GLOBAL void update_kernel(uint32_t* w, uint32_t* acc, uint32_t n) {
   VSK_FOR(i, n) {
     w[i] -= acc[i] >> 24;
@@ -110,6 +116,7 @@ struct Options {
   uint32_t seed = 1;
   int device = 0;
   int devices = 1;  // layers spread over devices device .. device + devices - 1
+  bool peer_kernels = false;
   bool quiet = false;
   int eval_every = 0;   // 0: never
   int peek_step = -1;   // -1: never
@@ -140,6 +147,9 @@ void usage(FILE* to) {
       "               consecutive layers (as a model split over GPUs in one process is):\n"
       "               one thread drives them all, the copies between blocks are peer\n"
       "               copies; the checksum is the one device's (default 1)\n"
+      "  --peer-kernels  with --devices: enable peer access between the devices, and hand\n"
+      "               data between them with a kernel on the receiving device that reads the\n"
+      "               other device's buffer directly, instead of a copy\n"
       "  --eval-every N  after every N-th step, an evaluation pass: forward graphs only\n"
       "  --peek-step N   in step N, between forward and backward, an eager kernel reads\n"
       "                  the first layer's saved activation (0-based step number)\n"
@@ -180,6 +190,7 @@ Options parse(int argc, char** argv) {
                                  {"seed", required_argument, nullptr, 'r'},
                                  {"device", required_argument, nullptr, 'd'},
                                  {"devices", required_argument, nullptr, 'D'},
+                                 {"peer-kernels", no_argument, nullptr, 'P'},
                                  {"quiet", no_argument, nullptr, 'q'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {"eval-every", required_argument, nullptr, 'e'},
@@ -236,6 +247,7 @@ Options parse(int argc, char** argv) {
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
       case 'b': o.batch_copies = true; break;
+      case 'P': o.peer_kernels = true; break;
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
         o.extra_mib = static_cast<int>(v);
@@ -391,6 +403,22 @@ int main(int argc, char** argv) {
     }
     D.least_free = D.free_start;
   }
+  if (o.peer_kernels) {
+    for (const Device& D : devs) {
+      for (const Device& E : devs) {
+        if (D.id == E.id) continue;
+        int can = 0;
+        CHECK(cudaDeviceCanAccessPeer(&can, D.id, E.id));
+        if (can == 0) {
+          std::fprintf(stderr, "train_layers: --peer-kernels: device %d cannot access device %d\n",
+                       D.id, E.id);
+          return 2;
+        }
+        CHECK(cudaSetDevice(D.id));
+        CHECK(cudaDeviceEnablePeerAccess(E.id, 0));
+      }
+    }
+  }
   // Makes layer l's device current and returns its launcher.
   std::vector<Layer> layers(static_cast<size_t>(o.layers));
   const auto on = [&](const Layer& L) -> const Launcher& {
@@ -444,6 +472,15 @@ int main(int argc, char** argv) {
   size_t batch_attrs_index = 0;
   const auto hand_off = [&](const Layer& from, const Layer& to, void* dst, const void* src) {
     const cudaStream_t stream = on(from).stream;
+    if (o.peer_kernels && to.dev != from.dev) {
+      CHECK(cudaEventRecord(devs[from.dev].handed, stream));
+      const Launcher& there = on(to);
+      CHECK(cudaStreamWaitEvent(there.stream, devs[from.dev].handed, 0));
+      auto* into = static_cast<uint32_t*>(dst);
+      auto* from_buffer = static_cast<const uint32_t*>(src);
+      there((const void*)copy_kernel, {&into, &from_buffer, &n});
+      return;
+    }
     if (!o.batch_copies) {
       CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     } else {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ class ResidencyTest : public SimTest {
       engine().destroy_slot(slot);
     }
     cuStreamDestroy(stream_);
+    for (auto& [device, stream] : device_streams_) cuStreamDestroy(stream);
     SimTest::TearDown();
   }
   static void configure(uint64_t budget, uint64_t host_limit = 0,
@@ -151,6 +153,19 @@ class ResidencyTest : public SimTest {
 
   // Runs `body` on device `device` with a stream of its own as stream_; the slots it made are
   // freed at its end (as the program's free does), and device 0 is current again.
+  // Runs `body` with `device` bound and stream_ a stream of its own (made once per test and
+  // device); slots made there stay for the rest of the test. Device 0 is bound again after.
+  void with_device(int device, const std::function<void()>& body) {
+    bind_device(device);
+    CUstream& stream = device_streams_[device];
+    if (stream == nullptr) {
+      ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    }
+    std::swap(stream, stream_);
+    body();
+    std::swap(stream, stream_);
+    bind_device(0);
+  }
   void on_device(int device, const std::function<void()>& body) {
     bind_device(device);
     CUstream stream = nullptr;
@@ -170,6 +185,7 @@ class ResidencyTest : public SimTest {
 
   CUstream stream_ = nullptr;
   std::vector<Slot*> slots_;
+  std::map<int, CUstream> device_streams_;  // with_device's, one per device for the test
 };
 
 TEST_F(ResidencyTest, ASlotGetsPagesAtItsFirstUseNotBefore) {
@@ -696,35 +712,117 @@ TEST_F(ResidencyTest, ARestoreBeforeTheUnmapCallsTheEvictionOff) {
   EXPECT_EQ(after.bytes_restored, before.bytes_restored) << "the slot was copied back";
 }
 
+// The program enabled device 0's access to device 3's memory (cudaDeviceEnablePeerAccess): its
+// kernels may dereference device 3's slots, which no copy hook sees. Every slot of device 3 gets
+// device 0's access: one mapped now, one away now (at its next map), and one made later.
+TEST_F(ResidencyTest, PeerAccessEnabledReachesEverySlotOfThePeer) {
+  configure(2 * kPage);
+  Slot *a3 = nullptr, *b3 = nullptr, *c3 = nullptr;
+  with_device(3, [&] {
+    a3 = make_slot(3);
+    b3 = make_slot(3);
+    fill(a3, 71);
+    fill(b3, 72);
+    residency::evict({b3}, "plan");  // b3 is away when access is given
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({b3}, false);
+  });
+  CUdeviceptr plain = 0;  // device 0's own memory
+  ASSERT_CU(cuMemAlloc(&plain, kPage));
+  // Device 0's stream reads a3 directly, as its kernels would once peer access is on.
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoDAsync(plain, a3->va, kPage, stream_))
+      << "device 0 reached device 3's slot before any access was given";
+  EXPECT_EQ(engine().grant_device_access(3, 0), 1u) << "a3 mapped now; b3 away";
+  ASSERT_CU(cuMemcpyDtoDAsync(plain, a3->va, kPage, stream_));
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  with_device(3, [&] {
+    expect_holds(b3, 72);  // b3 comes back: mapped with device 0's access
+    c3 = engine().create_slot(3, kPage, /*intercepted=*/true, /*backed=*/true);
+    ASSERT_CU(cuMemsetD32(c3->va, 73, kWords));
+  });
+  std::vector<uint32_t> host(kWords, 0);
+  for (const auto& [slot, seed] : {std::pair<Slot*, uint32_t>{b3, 72}, {c3, 73}}) {
+    ASSERT_CU(cuMemcpyDtoDAsync(plain, slot->va, kPage, stream_));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    ASSERT_CU(cuMemcpyDtoH(host.data(), plain, kPage));
+    EXPECT_EQ(std::count(host.begin(), host.end(), seed), static_cast<long>(kWords));
+  }
+  engine().destroy_slot(c3);
+  ASSERT_CU(cuMemFree(plain));
+}
+
+// The plan's moves at one position name slots of every device it planned (one plan per device):
+// an eviction and a prefetch of a device-0 and a device-3 slot in one call move both (before,
+// only the first slot's device was looked at, and device 3's moves were dropped).
+TEST_F(ResidencyTest, PlannedMovesReachEveryDevice) {
+  configure(4 * kPage);
+  Slot* a3 = nullptr;
+  with_device(3, [&] {
+    a3 = make_slot(3);
+    fill(a3, 91);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+  });
+  Slot* a0 = make_slot(0);
+  fill(a0, 92);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  residency::evict({a0, a3}, "plan");
+  wait_mapped({a0, a3}, false);
+  residency::prefetch({a0, a3});
+  wait_mapped({a0, a3}, true);
+  expect_holds(a0, 92);
+  with_device(3, [&] { expect_holds(a3, 91); });
+}
+
 // A copy recorded into a capture is checked against its addresses then: a peer copy's slots of
 // both devices are mapped again before it is recorded, each on its own device (before, only the
 // first slot's device was looked at, and the other device's slot stayed away: the capture failed).
 TEST_F(ResidencyTest, ACapturedPeerCopyBacksTheSlotsOfBothDevices) {
   configure(2 * kPage);
-  bind_device(3);
-  CUstream other = nullptr;
-  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  std::swap(other, stream_);
-  Slot* a3 = make_slot(3);
-  Slot* b3 = make_slot(3);
-  fill(a3, 61);
-  fill(b3, 62);
-  residency::evict({a3}, "plan");  // a3 leaves device 3
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  wait_mapped({a3}, false);
-  std::swap(other, stream_);
-  bind_device(0);
+  Slot* a3 = nullptr;
+  with_device(3, [&] {
+    a3 = make_slot(3);
+    Slot* b3 = make_slot(3);
+    fill(a3, 61);
+    fill(b3, 62);
+    residency::evict({a3}, "plan");  // a3 leaves device 3
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a3}, false);
+  });
   Slot* a0 = make_slot(0);
   std::string message;
   ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({a0, a3}, &message)) << message;
   EXPECT_TRUE(mapped(a0));
   EXPECT_TRUE(mapped(a3)) << "device 3's slot is still away";
-  std::swap(other, stream_);
-  bind_device(3);
-  expect_holds(a3, 61);
-  std::swap(other, stream_);
-  bind_device(0);
-  ASSERT_CU(cuStreamDestroy(other));
+  with_device(3, [&] { expect_holds(a3, 61); });
+}
+
+// The eviction a restore calls off took the slot's last uses with it. Those still running on other
+// streams are the slot's again: its next eviction waits for them (here a use on the first stream,
+// gated, while the reclaiming launch ran on a second one). Without, the second eviction copied
+// and unmapped under the running use.
+TEST_F(ResidencyTest, AReclaimedEvictionKeepsTheLastUsesOfOtherStreams) {
+  configure(4 * kPage);
+  Slot* a = make_slot();
+  fill(a, 81);
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(stream_, Gate::wait_fn, &gate));  // the use on stream_ stays running
+  residency::evict({a}, "plan");
+  CUstream first = stream_;
+  CUstream second = nullptr;
+  ASSERT_CU(cuStreamCreate(&second, CU_STREAM_NON_BLOCKING));
+  stream_ = second;
+  ASSERT_EQ(CUDA_SUCCESS, use({a}, [] {}));  // a launch on the second stream: the reclaim
+  ASSERT_CU(cuStreamSynchronize(second));
+  EXPECT_EQ(residency::stats().reclaims, 1u);
+  residency::evict({a}, "plan");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(mapped(a)) << "the eviction unmapped while a use on the first stream still ran";
+  gate.release();
+  ASSERT_CU(cuStreamSynchronize(first));
+  wait_mapped({a}, false);
+  expect_holds(a, 81);
+  stream_ = first;
+  ASSERT_CU(cuStreamDestroy(second));
 }
 
 // The device handshake's watchdog: a stream parked on a restore's flag that is not written within
@@ -771,18 +869,15 @@ TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
 // cudaErrorInvalidValue without), and keeps it when those pages are evicted and mapped again.
 TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
   configure(1 * kPage);
-  bind_device(3);
-  CUstream other = nullptr;
-  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  std::swap(other, stream_);
-  Slot* a3 = make_slot(3);
-  Slot* b3 = make_slot(3);
-  fill(a3, 51);
-  fill(b3, 52);  // a3 leaves device 3
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  wait_mapped({a3}, false);
-  std::swap(other, stream_);
-  bind_device(0);
+  Slot *a3 = nullptr, *b3 = nullptr;
+  with_device(3, [&] {
+    a3 = make_slot(3);
+    b3 = make_slot(3);
+    fill(a3, 51);
+    fill(b3, 52);  // a3 leaves device 3
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a3}, false);
+  });
   Slot* a0 = make_slot(0);
   Slot* b0 = make_slot(0);
   fill(a0, 53);
@@ -802,21 +897,19 @@ TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
   ASSERT_CU(cuStreamSynchronize(stream_));
   expect_holds(a0, 51);
   EXPECT_EQ(uint64_t{1}, a3->peers.load());
-  std::swap(other, stream_);
-  bind_device(3);
-  expect_holds(a3, 51);
-  // a3 leaves device 3 and comes back for the next copy: device 0's access comes with its pages.
-  fill(b3, 55);
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  wait_mapped({a3}, false);
-  std::swap(other, stream_);
-  bind_device(0);
+  with_device(3, [&] {
+    expect_holds(a3, 51);
+    // a3 leaves device 3 and comes back for the next copy: device 0's access comes with its
+    // pages.
+    fill(b3, 55);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a3}, false);
+  });
   ASSERT_EQ(CUDA_SUCCESS, use({b0, a3}, [&] {
               ASSERT_CU(cuMemcpyPeerAsync(b0->va, nullptr, a3->va, nullptr, kPage, stream_));
             }));
   ASSERT_CU(cuStreamSynchronize(stream_));
   expect_holds(b0, 51);
-  ASSERT_CU(cuStreamDestroy(other));
 }
 
 // A handshake that cannot complete (the stream an eviction waits for never gets there) becomes a

@@ -17,7 +17,8 @@
 #      copies between them, every buffer a slot): without vaswap out of memory; under vaswap each
 #      device's slots are evicted and restored on that device, and a copy on one device's stream
 #      into or out of the other's slot finds access (a GPU refuses it otherwise), to the checksum
-#      of one unconstrained device. And where each device's slots fit its own budget (though not
+#      of one unconstrained device; the same with peer access enabled and kernels that read the
+#      other device's buffers (--peer-kernels). And where each device's slots fit its own budget (though not
 #      all of them one device's), one plan per device offloads nothing.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -164,6 +165,21 @@ n = {d: sum(1 for e in ev if e["ev"] == "release" and e["device"] == d) for d in
 print(f"     releases on device 0: {n[0]}, on device 1: {n[1]}; checksum of one device")
 '
 echo "ok   two devices from one thread: out of memory without vaswap; under it, the checksum of one device"
+# The same with peer access enabled and a kernel on the receiving device reading the other's
+# buffer (--peer-kernels): vaswap sees the enabling call and maps every slot for the peer too.
+got=$(VASWAP_SIM_DEVICES=2 VASWAP_SIM_DEVICE_MEMORY=100MiB,100MiB \
+  VASWAP_CONF="$base,selection.captured_only=false,log.level=info" \
+  run --trace "$tmp/peer_kernels.jsonl" -- "$demo" --quiet --steps 12 --layers 16 --devices 2 \
+  --peer-kernels 2>"$tmp/err") || fail "peer_kernels: the demo failed under vaswap: $(grep -m3 -i error "$tmp/err")"
+[[ "$got" == "$want16" ]] || fail "peer_kernels: checksum '$got', one unconstrained device '$want16'"
+summary peer_kernels '
+notes = [e["message"] for e in ev if e["ev"] == "notice" and e["message"].startswith("peer access")]
+assert sorted(notes) == ["peer access: device 0 may reach device 1\x27s slots",
+                         "peer access: device 1 may reach device 0\x27s slots"], notes
+assert s["evictions"] > 0 and s["errors"] == 0, s
+print("     " + "; ".join(sorted(notes)))
+'
+echo "ok   peer access enabled, kernels reading the other device: the checksum of one device"
 
 # 5b. Each device's slots against its own budget: 8 layers, 4 on each 80 MiB device. Each device's
 #     32 MiB of slot pages fit its budget; all 64 MiB would not fit one device's. Nothing is offloaded.

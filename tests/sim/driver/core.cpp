@@ -485,6 +485,33 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   return device_error(dev);
 }
 
+// Peer access: every simulated device can reach every other's memory once its context enabled
+// access to the other's (copies need no enabling; kernels on a GPU do). Enabling twice is
+// CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, as on a GPU.
+CUresult CUDAAPI cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  SIM_ENTER();
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= device_count() || peer < 0 || peer >= device_count()) {
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  *can = dev != peer ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  SIM_ENTER();
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Context* other = context_from_handle(peer);
+  Context* self = current_context();
+  if (other == nullptr || self == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (other->device == self->device) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  const uint64_t bit = uint64_t{1} << other->device;
+  if ((self->peers & bit) != 0) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  self->peers |= bit;
+  return CUDA_SUCCESS;
+}
+
 // CUDA 13.0 revisions (cuGetProcAddress version 13000) that name the context; NULL means the
 // current one. cuda.h keeps the old forms under the plain names, so a caller that asks for
 // version 13000 and calls the old signature passes garbage here, as on a GPU.

@@ -177,6 +177,8 @@ const Entry kEntries[] = {
     E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
+    E("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
     E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
     E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),

@@ -92,6 +92,7 @@ struct Context {
   uint32_t magic = kMagic;
   int device = 0;
   int retains = 0;
+  uint64_t peers = 0;              // devices whose memory it enabled access to (capture_mutex)
   std::shared_ptr<Stream> legacy;  // the device's NULL stream
 };
 

@@ -76,7 +76,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)        \
   X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)               \
   X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
-  X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync)
+  X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync) X(cuDeviceCanAccessPeer)          \
+  X(cuCtxEnablePeerAccess)
 // clang-format on
 
 struct Driver {
@@ -308,6 +309,28 @@ SIM_API cudaError_t cudaGetDeviceCount(int* count) {
   RT_ENTER();
   *count = rt().device_count;
   return cudaSuccess;
+}
+
+SIM_API cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  RT_ENTER();
+  return note(drv().cuDeviceCanAccessPeer(can, device, peer));
+}
+
+// The current device's context enables access to `peer`'s memory (its primary context).
+SIM_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  RT_ENTER();
+  Runtime& r = rt();
+  if (peer < 0 || peer >= r.device_count) return note(cudaErrorInvalidDevice);
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    CUcontext& slot = r.contexts[static_cast<size_t>(peer)];
+    if (slot == nullptr) {
+      if (CUresult rc = r.d.cuDevicePrimaryCtxRetain(&slot, peer)) return note(to_runtime(rc));
+    }
+    ctx = slot;
+  }
+  return note(drv().cuCtxEnablePeerAccess(ctx, flags));
 }
 
 SIM_API cudaError_t cudaSetDevice(int device) {
