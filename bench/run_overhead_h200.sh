@@ -70,7 +70,8 @@ def load(name):
 def med(name):
     return statistics.median(load(name)["step_ms"][skip:])
 def events(name):
-    path = glob.glob(os.path.join(d, name + "*.jsonl"))[0]
+    path = glob.glob(os.path.join(d, name + ".jsonl")) + glob.glob(os.path.join(d, name + ".rank0.*jsonl"))
+    path = path[0]
     return [json.loads(line) for line in open(path)]
 plain = [med(f"{program}_plain_{i}") for i in range(1, runs + 1)]
 under = [med(f"{program}_vaswap_{i}") for i in range(1, runs + 1)]

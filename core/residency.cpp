@@ -1105,6 +1105,14 @@ void Residency::forget(Slot* slot) {
   // Its flag may still be read by queued waits until the slot's destroy synchronizes; it is
   // reused only after that (the destroy follows at once, under the program's free).
   d.free_flags.push_back(e->flag);
+  // Device handshake: a stream may wait for a restore of this slot that the mover will now skip.
+  // Its flag is written on the restore stream (after every earlier write there: it never goes
+  // back), so the synchronize below, and that stream, do not wait forever.
+  const bool unpublished =
+      d.device_handshake && static_cast<int32_t>(e->ready - e->flag.load()) > 0;
+  const Flag flag = e->flag;
+  const uint32_t ready = e->ready;
+  const uint64_t id = e->id;
   void* host = e->host;
   const uint64_t host_bytes = host != nullptr ? e->pages : 0;
   CUevent ready_event = e->ready_event;
@@ -1116,6 +1124,11 @@ void Residency::forget(Slot* slot) {
   // or out of the host buffer finishes before it is reused.
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
+  if (unpublished &&
+      driver.cuStreamWriteValue32(d.restore, flag.device, ready, 0) != CUDA_SUCCESS) {
+    log().error("slot {}: its restore's flag could not be written for the streams waiting on it",
+                id);
+  }
   driver.cuCtxSynchronize();
   if (host != nullptr) engine().host_free(host);
   if (ready_event != nullptr) driver.cuEventDestroy(ready_event);
@@ -1994,6 +2007,9 @@ void Residency::do_restore(Device& d, const Job& job) {
           // the latest restore only: see the end of this function).
           if (static_cast<int32_t>(job.ready - e->ready) >= 0) e->submitted = true;
           e->mapped_ready = job.ready;
+          // In place already (a reclaim checked that the restore the eviction followed had
+          // landed): a later eviction of the slot counts as one that can make room (relieve).
+          if (static_cast<int32_t>(job.ready - e->landed) > 0) e->landed = job.ready;
           if (d.device_handshake) flag.store(job.ready);
           changed_.notify_all();
           return;

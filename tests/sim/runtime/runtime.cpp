@@ -9,10 +9,12 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -163,7 +165,10 @@ cudaError_t enter(const char* function) {
   std::call_once(r.once, [&r] { r.init_rc = load_driver(r); });
   if (r.init_rc != CUDA_SUCCESS) return to_runtime(r.init_rc);
   if (r.d.faultCheck != nullptr) {
-    if (int f = r.d.faultCheck(function)) return static_cast<cudaError_t>(f);
+    if (int f = r.d.faultCheck(function)) {
+      if (f > 0) return static_cast<cudaError_t>(f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(-f));  // a stalled call, then it runs
+    }
   }
   if (tls_device >= r.device_count) return cudaErrorInvalidDevice;
   CUcontext ctx = nullptr;

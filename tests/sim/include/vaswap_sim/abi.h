@@ -58,8 +58,9 @@ typedef struct vaswap_sim_fatbin_wrapper {
 /* Arms a fault: the `nth` call (1 = the next one) of `function` returns `error` instead of running.
  * Counts from the moment of arming. Returns 0, or 1 when the arguments are invalid. Two names are
  * not functions: "device" faults the device at the nth kernel to run (`error` becomes sticky),
- * and "copy_stall" holds the nth copy to run for `error` milliseconds. A negative `error` holds
- * the nth call of `function` for -error milliseconds, then runs it (a driver call that blocks). */
+ * and "copy_stall" holds the nth copy to run for `error` milliseconds. For a function (driver or
+ * runtime), a negative `error` holds its nth call for -error milliseconds, then runs it (a call
+ * that blocks). */
 int vaswapSimInjectFault(const char* function, unsigned long long nth, int error);
 /* Disarms every fault and clears a device fault's sticky error (a test's reset; a GPU needs a new
  * process). */
