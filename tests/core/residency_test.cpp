@@ -825,6 +825,39 @@ TEST_F(ResidencyTest, AReclaimedEvictionKeepsTheLastUsesOfOtherStreams) {
   ASSERT_CU(cuStreamDestroy(second));
 }
 
+// The device handshake: a slot freed while a stream waits for its restore, still queued behind
+// another restore (held 3 s in cuMemMap), has its flag written by the free, so the stream and the
+// free's own synchronize go on once the other restore lands (before, the mover skipped the freed
+// slot's restore, nothing wrote its flag, and the free hung until the watchdog's exit 70).
+TEST_F(ResidencyTest, AFreedSlotReleasesTheStreamsWaitingForItsRestore) {
+  EXPECT_EXIT(
+      {
+        configure(2 * kPage, 0, residency::Handshake::device);
+        with_device(6, [&] {
+          Slot* a = make_slot(6);
+          Slot* b = make_slot(6);
+          fill(a, 101);
+          fill(b, 102);
+          residency::evict({a, b}, "plan");
+          ASSERT_CU(cuStreamSynchronize(stream_));
+          wait_mapped({a, b}, false);
+          vaswapSimInjectFault("cuMemMap", 1, -3000);  // b's restore holds the mover
+          for (Slot* slot : {b, a}) {
+            residency::Acquired acquired;
+            std::string message;
+            ASSERT_EQ(CUDA_SUCCESS,
+                      residency::acquire({slot}, stream_, "a test launch", &acquired, &message));
+            residency::used(acquired);
+          }
+          residency::forget(a);  // the program frees a: its restore will not run
+          ASSERT_CU(cuStreamSynchronize(stream_));
+          expect_holds(b, 102);
+        });
+        std::exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 // The device handshake's watchdog: a stream parked on a restore's flag that is not written within
 // residency.wait_limit ends the process with a named error, whatever holds the restore back (here
 // the mover stuck 5 s in cuMemMap, which no other wait watches) and while the application's
@@ -833,27 +866,29 @@ TEST_F(ResidencyTest, AReclaimedEvictionKeepsTheLastUsesOfOtherStreams) {
 TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
   EXPECT_EXIT(
       {
-        bind_device(6);
         residency::Settings s;
         s.budget_bytes = 1 * kPage;
         s.handshake = residency::Handshake::device;
         s.wait_limit_ns = 300000000;  // 0.3 s
         residency::configure(s);
-        Slot* a = make_slot(6);
-        Slot* b = make_slot(6);
-        fill(a, 31);
-        fill(b, 32);  // a leaves
-        ASSERT_CU(cuStreamSynchronize(stream_));
-        wait_mapped({a}, false);
-        vaswapSimInjectFault("cuMemMap", 1, -5000);  // a's map, for its restore
-        residency::Acquired acquired;
-        std::string message;
-        ASSERT_EQ(CUDA_SUCCESS,
-                  residency::acquire({a}, stream_, "a test launch", &acquired, &message));
-        auto* words = reinterpret_cast<uint32_t*>(a->va);
-        ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
-        residency::used(acquired);
-        cuStreamSynchronize(stream_);  // blocked until the flag is written
+        with_device(6, [&] {
+          Slot* a = make_slot(6);
+          Slot* b = make_slot(6);
+          fill(a, 31);
+          fill(b, 32);  // a leaves
+          ASSERT_CU(cuStreamSynchronize(stream_));
+          wait_mapped({a}, false);
+          ASSERT_FALSE(::testing::Test::HasFailure());
+          vaswapSimInjectFault("cuMemMap", 1, -5000);  // a's map, for its restore
+          residency::Acquired acquired;
+          std::string message;
+          ASSERT_EQ(CUDA_SUCCESS,
+                    residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+          auto* words = reinterpret_cast<uint32_t*>(a->va);
+          ASSERT_CU(sim_kernels::launch_add(stream_, words, words, 1, kWords));
+          residency::used(acquired);
+          cuStreamSynchronize(stream_);  // blocked until the flag is written
+        });
         std::exit(0);
       },
       ::testing::ExitedWithCode(70),
