@@ -4,14 +4,21 @@
 #   torch_layers: examples/pytorch/graphed_layers.py, 8 layers, per-layer graphs with one shared
 #                 pool, batch 8, seq 1024, d_model 2048, bf16, PyTorch's default attention;
 #   demo:         the static-cudart demo (eager copies and kernels between its layer graphs),
-#                 8 layers of 32 MiB buffers, every buffer a slot.
+#                 8 layers of 32 MiB buffers, every buffer a slot;
+#   torch_compile, torch_compile_all: graphed_layers.py through torch.compile(mode=
+#                 "reduce-overhead"), 8 layers, default sizes, no budget: what selecting costs
+#                 where nothing can be offloaded (one graph per iteration), with the default
+#                 selection (allocations made during a capture) and with every allocation above
+#                 selection.min_bytes a slot (selection.captured_only=false), which is what CUDA
+#                 graph trees' pools need, since they allocate while warming up.
 # Each program runs RUNS times without vaswap and RUNS times under it, alternating, on one machine.
 # Per run: the median step after the first SKIP steps; the table gives the median over runs, each
 # run's figure, whether the losses (checksum) equal the run without vaswap, and from each vaswap
 # run's trace: host waits for restores after the plan came into force (restore_wait events with
 # host_wait), evictions, evictions called off by a restore before the unmap (reclaims), and the
 # device memory freed in steady state (the exit summary's peak without releases minus its peak).
-# Usage: bash bench/run_overhead_h200.sh [torch_layers] [demo]     (default: both)
+# Usage: bash bench/run_overhead_h200.sh [torch_layers] [demo] [torch_compile] [torch_compile_all]
+#   (default: the first two)
 # Environment: RUNS (3), STEPS (20), SKIP (5), TORCH_BUDGET (3GiB), DEMO_BUDGET (512MiB),
 #   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda).
 # Writes $OUT (else bench/results)/overhead_h200.md (the table, with its command) and
@@ -35,8 +42,8 @@ md=$out/overhead_h200.md
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
   echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
-  echo "| program | budget | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | host waits after the plan (per run) | evictions / reclaims (per run) | freed in steady state (MiB) |"
-  echo "|---|---|---|---|---:|---|---|---|---|"
+  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits after the plan (per run) | evictions / reclaims (per run) | freed in steady state (MiB) |"
+  echo "|---|---|---|---|---:|---|---|---|---|---|"
 } >"$md"
 status=0
 for program in "${programs[@]}"; do
@@ -50,20 +57,25 @@ for program in "${programs[@]}"; do
       cmd=("$demo_bin" --layers 8 --elems 8388608 --steps "$steps" --quiet)
       conf="selection.captured_only=false,residency.budget=${DEMO_BUDGET:-512MiB}"
       ;;
+    torch_compile | torch_compile_all)
+      cmd=(python3 examples/pytorch/graphed_layers.py --layers 8 --graph compile --steps "$steps")
+      conf=""
+      [[ $program == torch_compile_all ]] && conf="selection.captured_only=false"
+      ;;
     *) echo "run_overhead_h200.sh: unknown program $program" >&2; exit 2 ;;
   esac
   for i in $(seq 1 "$runs"); do
     timeout 300 "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
       { echo "$program plain run $i failed"; status=1; }
-    VASWAP_CONF="$conf,log.level=info" timeout 300 scripts/vaswap run --library "$lib" \
+    VASWAP_CONF="${conf:+$conf,}log.level=info" timeout 300 scripts/vaswap run --library "$lib" \
       --trace "$runs_dir/${program}_vaswap_$i.jsonl" -- "${cmd[@]}" --out "$runs_dir/${program}_vaswap_$i.json" \
       >"$runs_dir/${program}_vaswap_$i.txt" 2>"$runs_dir/${program}_vaswap_$i.err" ||
       { echo "$program vaswap run $i failed: $(grep -m2 error "$runs_dir/${program}_vaswap_$i.err")"; status=1; }
     grep -m1 "summary:" "$runs_dir/${program}_vaswap_$i.err" | cut -c1-600
   done
-  python3 - "$runs_dir" "$program" "$runs" "$skip" "${conf##*budget=}" >>"$md" <<'PY' || status=1
+  python3 - "$runs_dir" "$program" "$runs" "$skip" "$conf" >>"$md" <<'PY' || status=1
 import glob, json, os, statistics, sys
-d, program, runs, skip, budget = sys.argv[1:]
+d, program, runs, skip, policy = sys.argv[1:]
 runs, skip = int(runs), int(skip)
 def load(name):
     return json.load(open(os.path.join(d, name + ".json")))
@@ -78,7 +90,7 @@ under = [med(f"{program}_vaswap_{i}") for i in range(1, runs + 1)]
 key = "losses" if "losses" in load(f"{program}_plain_1") else "checksum"
 same = all(load(f"{program}_plain_{i}")[key] == load(f"{program}_vaswap_{i}")[key]
            for i in range(1, runs + 1))
-waits, moved, freed = [], [], []
+waits, moved, freed, slots = [], [], [], []
 for i in range(1, runs + 1):
     ev = events(f"{program}_vaswap_{i}")
     plans = [e["t_ns"] for e in ev if e["ev"] == "plan"]
@@ -87,11 +99,14 @@ for i in range(1, runs + 1):
                      and e["t_ns"] >= after))
     s = next(e for e in ev if e["ev"] == "summary")
     moved.append(f"{s['evictions']} / {s.get('reclaims', 0)}")
+    slots.append(s["slots"])
     freed.append((s["peak_without_releases"] - s["peak_used"]) >> 20)
 p, u = statistics.median(plain), statistics.median(under)
-print(f"| {program} | {budget} | {p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
+print(f"| {program} | `{policy or 'the default policy'}` | "
+      f"{p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
       f"{u:.2f} ({', '.join(f'{x:.2f}' for x in under)}) | {100 * (u / p - 1):+.1f}% | "
-      f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, waits))} | "
+      f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, sorted(set(slots))))} | "
+      f"{', '.join(map(str, waits))} | "
       f"{', '.join(moved)} | {', '.join(map(str, freed))} |")
 sys.exit(0 if same else 1)
 PY

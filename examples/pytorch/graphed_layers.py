@@ -71,9 +71,11 @@ def main():
                    help="leave the job this much device memory: hold the rest of what is free "
                         "(one cudaMallocAsync block, made before the model, never a slot) as a "
                         "smaller GPU would")
-    p.add_argument("--graph", choices=("per-layer", "whole"), default="per-layer",
+    p.add_argument("--graph", choices=("per-layer", "whole", "compile"), default="per-layer",
                    help="per-layer: one forward and one backward graph per layer (the default); "
-                        "whole: all layers graphed together, one graph each way")
+                        "whole: all layers graphed together, one graph each way; compile: all "
+                        "layers through torch.compile(mode='reduce-overhead'), whose CUDA graph "
+                        "trees allocate their pool's segments while warming up")
     p.add_argument("--pool", choices=("shared", "own"), default="shared",
                    help="per-layer graphs: shared: one make_graphed_callables call for all "
                         "layers, whose graphs share one memory pool (the default); own: one call "
@@ -125,8 +127,10 @@ def main():
     elif args.graph == "per-layer":
         graphed = tuple(torch.cuda.make_graphed_callables(layer, sample)
                         for layer, sample in zip(layers, samples))
-    else:
+    elif args.graph == "whole":
         graphed = (torch.cuda.make_graphed_callables(torch.nn.Sequential(*layers), samples[0]),)
+    else:
+        graphed = (torch.compile(torch.nn.Sequential(*layers), mode="reduce-overhead"),)
 
     data_rng = torch.Generator(device=device)
     data_rng.manual_seed(args.seed + 1000 * rank)  # each rank its own data
@@ -139,10 +143,14 @@ def main():
     for step in range(args.steps):
         step_start = time.perf_counter()
         x = data[step]
+        if args.graph == "compile":
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: its graphs may replay
         for layer in graphed:
             x = layer(x)
         loss = torch.nn.functional.mse_loss(head(x), target[step])
-        optimizer.zero_grad(set_to_none=False)
+        # Graph trees own the gradients their backward graph wrote: they are not zeroed in place
+        # (the next replay overwrites them), but dropped.
+        optimizer.zero_grad(set_to_none=args.graph == "compile")
         loss.backward()
         if world > 1:
             for q in params:  # data-parallel: the mean gradient over ranks
