@@ -1127,6 +1127,32 @@ void memory_queried(const Call& call, size_t free_bytes, size_t total_bytes) {
       .emit();
 }
 
+bool slot_pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  const auto region = tables().registry.find(static_cast<uintptr_t>(ptr));
+  if (!region || region->kind != RegionKind::slot) return false;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = engine().context(region->device);
+      return true;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned int*>(data) = CU_MEMORYTYPE_DEVICE;
+      return true;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = ptr; return true;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned int*>(data) = 0; return true;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = region->device;
+      return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = static_cast<CUdeviceptr>(region->base);
+      return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = region->bytes; return true;
+    case CU_POINTER_ATTRIBUTE_MAPPED:  // as cudaMalloc'd memory: its pages come before its use
+      *static_cast<int*>(data) = 1;
+      return true;
+    default: return false;  // host pointer, buffer ids, handles: the driver's refusal stands
+  }
+}
+
 void peer_access_enabled(const Call& call, int peer) {
   const int self = current_device();
   if (self < 0 || peer < 0 || self == peer) return;

@@ -172,6 +172,10 @@ void device_resetting(const Call& call, std::optional<CUdevice> device);
 // The current device may now reach `peer`'s memory (cudaDeviceEnablePeerAccess: its ordinal;
 // cuCtxEnablePeerAccess: its context): every slot of the peer's is mapped for it too, now and at
 // every later map (Engine::grant_device_access).
+// cuPointerGetAttribute refused `ptr`: if it lies in a slot, `attribute` is answered as for the
+// cudaMalloc'd memory the slot stands for (device memory of the slot's device and context, the
+// slot as its range) and true is returned; false for other addresses and attributes.
+bool slot_pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
 void peer_access_enabled(const Call& call, int peer);
 void peer_access_enabled(const Call& call, CUcontext peer);
 

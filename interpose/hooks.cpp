@@ -921,6 +921,24 @@ struct Reset<R (*)(Device...)> {
   }
 };
 
+// A pointer's attributes: the driver's answer, except where it refuses an address inside a slot
+// whose pages are away or not made yet (a reserved VA without pages is "not a CUDA pointer" to the
+// driver). Launchers check every pointer argument so (Triton's, Inductor's static launcher):
+// vaswap answers for its slots as for the cudaMalloc'd memory they stand for.
+template <class Fn>
+struct PointerAttribute;
+template <class R>
+struct PointerAttribute<R (*)(void*, CUpointer_attribute, CUdeviceptr)> {
+  R (*real)(void*, CUpointer_attribute, CUdeviceptr);
+  Call call;
+  R operator()(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) const {
+    const R rc = real(data, attribute, ptr);
+    if (rc != CUDA_ERROR_INVALID_VALUE || data == nullptr || !handle()) return rc;
+    Scope scope;
+    return intercept::slot_pointer_attribute(data, attribute, ptr) ? CUDA_SUCCESS : rc;
+  }
+};
+
 // The program enabled the current device's access to a peer's memory (the runtime names the peer
 // device, the driver its context): kernels may now dereference the peer's allocations, so its
 // slots' pages are mapped for the current device too. Already enabled (704 either way) is success

@@ -72,6 +72,8 @@ struct Cuda {
   virtual void copy(uintptr_t dst, uintptr_t src, size_t bytes, void* stream) = 0;
   virtual void sync(void* stream) = 0;
   virtual void read(void* host, uintptr_t src, size_t bytes) = 0;
+  // Whether CUDA calls `p` device memory (as launchers check each pointer argument).
+  virtual bool device_pointer(uintptr_t p) = 0;
 };
 
 #if PROBE_WAY == 1
@@ -148,6 +150,11 @@ struct Way : Cuda {
   void read(void* h, uintptr_t src, size_t n) override {
     CHECK(cudaMemcpy(h, reinterpret_cast<void*>(src), n, cudaMemcpyDeviceToHost));
   }
+  bool device_pointer(uintptr_t p) override {
+    cudaPointerAttributes a{};
+    return cudaPointerGetAttributes(&a, reinterpret_cast<void*>(p)) == cudaSuccess &&
+           a.type == cudaMemoryTypeDevice && a.devicePointer == reinterpret_cast<void*>(p);
+  }
 };
 #else
 // The driver table: each function by its exported ABI name (dlopen way) or by its base name and
@@ -172,7 +179,8 @@ struct Way : Cuda {
   X(cuMemsetD32Async, "cuMemsetD32Async", 3020)                                    \
   X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 3020)                               \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", 3020)                                         \
-  X(cuStreamSynchronize, "cuStreamSynchronize", 2000)
+  X(cuStreamSynchronize, "cuStreamSynchronize", 2000)                              \
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000)
 
 struct Driver {
 #define PROBE_MEMBER(name, abi, version) decltype(&::name) name = nullptr;
@@ -270,6 +278,11 @@ struct Way : Cuda {
   }
   void sync(void* s) override { CHECK(d.cuStreamSynchronize(static_cast<CUstream>(s))); }
   void read(void* h, uintptr_t src, size_t n) override { CHECK(d.cuMemcpyDtoH(h, src, n)); }
+  bool device_pointer(uintptr_t p) override {
+    CUdeviceptr at = 0;
+    return d.cuPointerGetAttribute(&at, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p) == CUDA_SUCCESS &&
+           at == p;
+  }
 };
 #endif
 
@@ -361,6 +374,8 @@ int main() {
   const uintptr_t b = cuda.alloc_captured(kB);
   ++allocs;
   cuda.relaxed(false);
+  // Before anything uses B (under vaswap: a slot with no pages yet), as a launcher checks it.
+  const bool b_device = cuda.device_pointer(b);
   cuda.memset32(b, 0x5a5a5a5au, kB / 4, stream);
   cuda.copy(b + kB / 2, a, kA, stream);
   step("end capture");
@@ -405,6 +420,7 @@ int main() {
   }
 
   std::printf("way %s\nchecksums %016" PRIx64 " %016" PRIx64 "\n", kWay, first, second);
+  std::printf("B, allocated in the capture, is device memory: %s\n", b_device ? "yes" : "no");
   std::printf("calls allocations=%d frees=%d captures=%d instantiations=%d launches=%d\n", allocs,
               frees, captures, instantiations, launches);
   if (vaswap.present) {
