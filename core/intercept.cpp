@@ -1153,6 +1153,21 @@ bool slot_pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicep
   }
 }
 
+void slot_pointer_attributes(unsigned int count, const CUpointer_attribute* attributes, void** data,
+                             CUdeviceptr ptr) {
+  const auto region = tables().registry.find(static_cast<uintptr_t>(ptr));
+  if (!region || region->kind != RegionKind::slot) return;
+  const Driver* driver = load_driver(nullptr);
+  unsigned int type = 0;
+  if (driver == nullptr ||
+      driver->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS) {
+    return;  // its pages are there: the driver's answers stand
+  }
+  for (unsigned int i = 0; i < count; ++i) {
+    if (data[i] != nullptr) slot_pointer_attribute(data[i], attributes[i], ptr);
+  }
+}
+
 void peer_access_enabled(const Call& call, int peer) {
   const int self = current_device();
   if (self < 0 || peer < 0 || self == peer) return;

@@ -176,6 +176,10 @@ void device_resetting(const Call& call, std::optional<CUdevice> device);
 // cudaMalloc'd memory the slot stands for (device memory of the slot's device and context, the
 // slot as its range) and true is returned; false for other addresses and attributes.
 bool slot_pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
+// cuPointerGetAttributes answered: if `ptr` lies in a slot the driver does not see as device
+// memory now (no pages), every attribute slot_pointer_attribute() can answer is answered so.
+void slot_pointer_attributes(unsigned int count, const CUpointer_attribute* attributes, void** data,
+                             CUdeviceptr ptr);
 void peer_access_enabled(const Call& call, int peer);
 void peer_access_enabled(const Call& call, CUcontext peer);
 

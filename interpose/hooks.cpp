@@ -939,6 +939,26 @@ struct PointerAttribute<R (*)(void*, CUpointer_attribute, CUdeviceptr)> {
   }
 };
 
+// Several attributes at once (what a real libcudart's cudaPointerGetAttributes asks): the driver
+// answers an address that is not a CUDA pointer with null values and success, so a slot without
+// pages reads as no device memory. Where the address lies in such a slot, each attribute vaswap
+// can answer is replaced (intercept::slot_pointer_attributes).
+template <class Fn>
+struct PointerAttributes;
+template <class R>
+struct PointerAttributes<R (*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr)> {
+  R (*real)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+  Call call;
+  R operator()(unsigned int count, CUpointer_attribute* attributes, void** data,
+               CUdeviceptr ptr) const {
+    const R rc = real(count, attributes, data, ptr);
+    if (rc != CUDA_SUCCESS || attributes == nullptr || data == nullptr || !handle()) return rc;
+    Scope scope;
+    intercept::slot_pointer_attributes(count, attributes, data, ptr);
+    return rc;
+  }
+};
+
 // The program enabled the current device's access to a peer's memory (the runtime names the peer
 // device, the driver its context): kernels may now dereference the peer's allocations, so its
 // slots' pages are mapped for the current device too. Already enabled (704 either way) is success

@@ -180,7 +180,8 @@ struct Way : Cuda {
   X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 3020)                               \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", 3020)                                         \
   X(cuStreamSynchronize, "cuStreamSynchronize", 2000)                              \
-  X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000)
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000)                          \
+  X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000)
 
 struct Driver {
 #define PROBE_MEMBER(name, abi, version) decltype(&::name) name = nullptr;
@@ -280,8 +281,18 @@ struct Way : Cuda {
   void read(void* h, uintptr_t src, size_t n) override { CHECK(d.cuMemcpyDtoH(h, src, n)); }
   bool device_pointer(uintptr_t p) override {
     CUdeviceptr at = 0;
-    return d.cuPointerGetAttribute(&at, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p) == CUDA_SUCCESS &&
-           at == p;
+    if (d.cuPointerGetAttribute(&at, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p) != CUDA_SUCCESS ||
+        at != p) {
+      return false;
+    }
+    // And as a real cudaPointerGetAttributes asks: several at once.
+    unsigned int type = 0;
+    int ordinal = -1;
+    CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void* into[] = {&type, &ordinal};
+    return d.cuPointerGetAttributes(2, which, into, p) == CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_DEVICE && ordinal == 0;
   }
 };
 #endif

@@ -194,6 +194,7 @@ const Entry kEntries[] = {
     E("cuMemHostGetFlags", 2030, cuMemHostGetFlags),
     E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    E("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemAddressReserve", 10020, cuMemAddressReserve),
     E("cuMemAddressFree", 10020, cuMemAddressFree),
