@@ -56,6 +56,14 @@ class ResidencyTest : public SimTest {
     s.wait_limit_ns = 5000000000;
     residency::configure(s);
   }
+  // For the tests that end in a named error: a budget of one page and a wait limit of 0.3 s.
+  static void configure_briefly(residency::Handshake handshake) {
+    residency::Settings s;
+    s.budget_bytes = 1 * kPage;
+    s.handshake = handshake;
+    s.wait_limit_ns = 300000000;  // 0.3 s
+    residency::configure(s);
+  }
   // A slot as the preload makes one during a capture: its address, no pages.
   Slot* make_slot(int device = 0) {
     Slot* slot = engine().create_slot(device, kPage, /*intercepted=*/true, /*backed=*/false);
@@ -661,10 +669,7 @@ TEST_F(ResidencyTest, TwoDevicesFromOneThreadKeepTheirOwnBudgets) {
 TEST_F(ResidencyTest, AStalledEvictionCopySaysWhetherItBegan) {
   EXPECT_EXIT(
       {
-        residency::Settings s;
-        s.budget_bytes = 1 * kPage;
-        s.wait_limit_ns = 300000000;  // 0.3 s
-        residency::configure(s);
+        configure_briefly(residency::Handshake::automatic);
         Slot* a = make_slot();
         fill(a, 1);
         ASSERT_CU(cuStreamSynchronize(stream_));
@@ -866,11 +871,7 @@ TEST_F(ResidencyTest, AFreedSlotReleasesTheStreamsWaitingForItsRestore) {
 TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
   EXPECT_EXIT(
       {
-        residency::Settings s;
-        s.budget_bytes = 1 * kPage;
-        s.handshake = residency::Handshake::device;
-        s.wait_limit_ns = 300000000;  // 0.3 s
-        residency::configure(s);
+        configure_briefly(residency::Handshake::device);
         with_device(6, [&] {
           Slot* a = make_slot(6);
           Slot* b = make_slot(6);
@@ -952,10 +953,7 @@ TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
 TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
   EXPECT_EXIT(
       {
-        residency::Settings s;
-        s.budget_bytes = 1 * kPage;
-        s.wait_limit_ns = 300000000;  // 0.3 s
-        residency::configure(s);
+        configure_briefly(residency::Handshake::automatic);
         Slot* a = make_slot();
         Slot* b = make_slot();
         fill(a, 1);
