@@ -1,9 +1,11 @@
 // Simulated driver: graphs, nodes, instantiation and launch.
 //
-// A graph executes its nodes one after another in insertion order, which is a topological order
-// (a node's dependencies must exist before it). An executable graph is a deep copy taken at
-// instantiation, so later edits or destruction of the source graph do not affect it.
+// A graph executes its nodes one after another in a topological order: insertion order, which
+// is one (a node's dependencies must exist before it), restored after cuGraphAddDependencies. An
+// executable graph is a deep copy taken at instantiation, so later edits or destruction of the
+// source graph do not affect it.
 #include <algorithm>
+#include <set>
 
 #include "state.h"
 
@@ -128,12 +130,48 @@ bool Node::holds_queue() const {
 
 std::unique_ptr<Graph> Graph::clone() const {
   auto g = std::make_unique<Graph>();
-  std::unordered_map<const Node*, Node*> remap;
   for (const auto& n : nodes) {
-    g->nodes.push_back(n->clone(g.get(), remap));
-    remap[n.get()] = g->nodes.back().get();
+    g->nodes.push_back(n->clone(g.get(), g->clone_of));
+    g->clone_of[n.get()] = g->nodes.back().get();
   }
   return g;
+}
+
+bool Graph::reorder() {
+  // Kahn's algorithm, taking the earliest ready node each time, but a node that can hold the
+  // queue (a wait on a value, a host function) only when nothing else is ready: a GPU runs the
+  // other branches of a graph while one waits, and one worker thread running the nodes in this
+  // order does the same (what the waiting node waits for may come from those branches).
+  std::unordered_map<const Node*, size_t> index;
+  for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i].get()] = i;
+  std::vector<size_t> missing(nodes.size(), 0);
+  std::vector<std::vector<size_t>> dependents(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (const Node* d : nodes[i]->deps) {
+      ++missing[i];
+      dependents[index.at(d)].push_back(i);
+    }
+  }
+  std::set<std::pair<bool, size_t>> ready;  // (holds the queue, index)
+  auto make_ready = [&](size_t i) { ready.emplace(nodes[i]->holds_queue(), i); };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (missing[i] == 0) make_ready(i);
+  }
+  std::vector<size_t> order;
+  while (!ready.empty()) {
+    const size_t i = ready.begin()->second;
+    ready.erase(ready.begin());
+    order.push_back(i);
+    for (size_t j : dependents[i]) {
+      if (--missing[j] == 0) make_ready(j);
+    }
+  }
+  if (order.size() != nodes.size()) return false;
+  std::vector<std::unique_ptr<Node>> sorted;
+  sorted.reserve(nodes.size());
+  for (size_t i : order) sorted.push_back(std::move(nodes[i]));
+  nodes = std::move(sorted);
+  return true;
 }
 
 Node* Graph::add(std::unique_ptr<Node> node, const CUgraphNode* deps, size_t num_deps) {
@@ -221,6 +259,15 @@ CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgrap
   SIM_ENTER();
   (void)ctx;
   if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // As a captured copy is (and as the H200 does: a node naming a reserved address without pages
+  // is refused with CUDA_ERROR_INVALID_VALUE), the device side must be mapped when it is added.
+  const size_t rows = std::max<size_t>(copy->Height, 1) * std::max<size_t>(copy->Depth, 1);
+  if (copy->srcMemoryType == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check_span(copy->srcDevice + copy->srcXInBytes, copy->WidthInBytes * rows, nullptr));
+  }
+  if (copy->dstMemoryType == CU_MEMORYTYPE_DEVICE) {
+    SIM_TRY(check_span(copy->dstDevice + copy->dstXInBytes, copy->WidthInBytes * rows, nullptr));
+  }
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = *copy;
@@ -305,6 +352,65 @@ CUresult CUDAAPI cuGraphNodeGetDependencies_v2(CUgraphNode hn, CUgraphNode* deps
   return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph original) {
+  SIM_ENTER();
+  Graph* g = lookup_graph(original);
+  if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Graph* copy = g->clone().release();
+  register_graph(copy);
+  *out = reinterpret_cast<CUgraph>(copy);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode original, CUgraph clone) {
+  SIM_ENTER();
+  Graph* g = lookup_graph(clone);
+  Node* n = lookup_node(original);
+  if (out == nullptr || g == nullptr || n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto it = g->clone_of.find(n);
+  if (it == g->clone_of.end()) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraphNode>(it->second);
+  return CUDA_SUCCESS;
+}
+
+// Edges from[i] -> to[i]. As CUDA documents: both ends in `graph`, no edge twice, no cycle;
+// edge data other than the default is refused (the simulator has no programmatic edges).
+CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hg, const CUgraphNode* from,
+                                           const CUgraphNode* to, const CUgraphEdgeData* data,
+                                           size_t count) {
+  SIM_ENTER();
+  Graph* g = lookup_graph(hg);
+  if (g == nullptr || (count > 0 && (from == nullptr || to == nullptr))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    Node* a = lookup_node(from[i]);
+    Node* b = lookup_node(to[i]);
+    if (a == nullptr || b == nullptr || a->owner != g || b->owner != g || a == b) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (std::find(b->deps.begin(), b->deps.end(), a) != b->deps.end()) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (data != nullptr && (data[i].type != 0 || data[i].from_port != 0 || data[i].to_port != 0)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  std::vector<std::pair<Node*, size_t>> added;
+  for (size_t i = 0; i < count; ++i) {
+    Node* b = lookup_node(to[i]);
+    b->deps.push_back(lookup_node(from[i]));
+    added.emplace_back(b, b->deps.size() - 1);
+  }
+  if (!g->reorder()) {
+    for (auto it = added.rbegin(); it != added.rend(); ++it) {
+      it->first->deps.erase(it->first->deps.begin() + static_cast<long>(it->second));
+    }
+    return CUDA_ERROR_INVALID_VALUE;  // a cycle
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA_KERNEL_NODE_PARAMS* p) {
   SIM_ENTER();
   Node* n = lookup_node(hn);
@@ -386,8 +492,15 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
   int dev = 0;
   SIM_TRY(current_device(&dev));
   auto exec = std::make_shared<GraphExec>();
-  exec->graph = std::shared_ptr<Graph>(g->clone().release());
-  for (size_t i = 0; i < g->nodes.size(); ++i) exec->index_of[g->nodes[i].get()] = i;
+  std::unique_ptr<Graph> copy = g->clone();
+  // The launch order: a wait on a value runs once nothing beside it is ready (reorder()).
+  if (!copy->reorder()) return CUDA_ERROR_INVALID_VALUE;
+  std::unordered_map<const Node*, size_t> position;
+  for (size_t i = 0; i < copy->nodes.size(); ++i) position[copy->nodes[i].get()] = i;
+  for (const auto& [original, cloned] : copy->clone_of) {
+    exec->index_of[original] = position.at(cloned);
+  }
+  exec->graph = std::shared_ptr<Graph>(copy.release());
   exec->device = dev;
   std::lock_guard<std::mutex> lock(graph_mutex());
   exec_registry()[exec.get()] = exec;

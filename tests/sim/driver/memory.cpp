@@ -115,6 +115,8 @@ CUmemorytype memory_type(uintptr_t p) {
   return it->second.kind == Kind::kHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
 }
 
+}  // namespace
+
 // Copies and memsets are checked against their addresses when they are enqueued or recorded into
 // a capture (measured on the H200, bench/results/launch_unmapped_h200.txt): a span inside a
 // reservation must be mapped, with access for the device of the stream doing the work, from end to
@@ -144,6 +146,8 @@ CUresult check_span(uintptr_t p, size_t bytes, CUstream hs) {
   }
   return CUDA_SUCCESS;
 }
+
+namespace {
 
 void release_if_unused(PhysicalHandle* h) {  // caller holds memory_mutex()
   if (!h->released || h->mappings > 0) return;

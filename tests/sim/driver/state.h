@@ -177,6 +177,12 @@ struct Graph {
 
   std::unique_ptr<Graph> clone() const;
   Node* add(std::unique_ptr<Node> node, const CUgraphNode* deps, size_t num_deps);
+  // Restores `nodes` to a topological order after an edge was added (cuGraphAddDependencies),
+  // keeping the present order where the edges allow. False, with nothing changed, on a cycle.
+  bool reorder();
+  // A clone made by cuGraphClone: its node for each node of the graph it was cloned from
+  // (cuGraphNodeFindInClone).
+  std::unordered_map<const Node*, Node*> clone_of;
   void run() const;
 };
 
@@ -308,6 +314,9 @@ CUresult make_kernel_node(CUfunction f, const vaswap_sim_dims& dims, void** para
 CUDA_MEMCPY3D linear_copy(void* dst, CUmemorytype dst_type, const void* src, CUmemorytype src_type,
                           size_t bytes);
 void run_copy(const CUDA_MEMCPY3D& c);
+// A copy's or memset's device span must be mapped (with access for `hs`'s device) when it is
+// enqueued, recorded or added to a graph: else CUDA_ERROR_INVALID_VALUE (memory.cpp).
+CUresult check_span(uintptr_t p, size_t bytes, CUstream hs);
 void run_memset(const CUDA_MEMSET_NODE_PARAMS& m);
 
 // ---------------------------------------------------------------------------------------------

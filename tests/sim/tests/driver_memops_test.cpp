@@ -361,3 +361,137 @@ TEST_F(MemopTest, CopiesAreCheckedAtEnqueueGraphNodesWhenTheyRun) {
 }
 
 }  // namespace
+
+namespace {
+
+// What a rewritten graph needs of the driver (core/transform/graph_rewrite.h): a clone whose
+// nodes are found by the original's, edges added afterwards, and a wait node that does not hold
+// back the branches beside it.
+class GraphEditTest : public MemopTest {
+ protected:
+  void SetUp() override {
+    MemopTest::SetUp();
+    ASSERT_CU(cuStreamCreate(&s_, CU_STREAM_NON_BLOCKING));
+    ASSERT_CU(cuGraphCreate(&graph_, 0));
+  }
+  void TearDown() override {
+    EXPECT_EQ(CUDA_SUCCESS, cuGraphDestroy(graph_));
+    EXPECT_EQ(CUDA_SUCCESS, cuStreamDestroy(s_));
+    MemopTest::TearDown();
+  }
+  CUgraphNode add_write(CUgraph graph, size_t word, uint32_t value,
+                        std::vector<CUgraphNode> deps = {}) {
+    CUstreamBatchMemOpParams op{};
+    op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = flag_address(word);
+    op.writeValue.value = value;
+    return add_ops(graph, {op}, deps);
+  }
+  CUgraphNode add_wait(CUgraph graph, size_t word, uint32_t value,
+                       std::vector<CUgraphNode> deps = {}) {
+    CUstreamBatchMemOpParams op{};
+    op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    op.waitValue.address = flag_address(word);
+    op.waitValue.value = value;
+    op.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    return add_ops(graph, {op}, deps);
+  }
+  CUgraphNode add_ops(CUgraph graph, std::vector<CUstreamBatchMemOpParams> ops,
+                      const std::vector<CUgraphNode>& deps) {
+    CUDA_BATCH_MEM_OP_NODE_PARAMS p{};
+    p.count = static_cast<unsigned>(ops.size());
+    p.paramArray = ops.data();
+    CUgraphNode node = nullptr;
+    EXPECT_EQ(CUDA_SUCCESS, cuGraphAddBatchMemOpNode(&node, graph, deps.data(), deps.size(), &p));
+    return node;
+  }
+  // Launches graph_ on s_ and waits at most 2 s: false if it did not finish.
+  bool run() {
+    CUgraphExec exec = nullptr;
+    EXPECT_EQ(CUDA_SUCCESS, cuGraphInstantiate(&exec, graph_, 0));
+    EXPECT_EQ(CUDA_SUCCESS, cuGraphLaunch(exec, s_));
+    for (int i = 0; i < 2000; ++i) {
+      if (cuStreamQuery(s_) == CUDA_SUCCESS) {
+        EXPECT_EQ(CUDA_SUCCESS, cuGraphExecDestroy(exec));
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+  CUstream s_ = nullptr;
+  CUgraph graph_ = nullptr;
+};
+
+TEST_F(GraphEditTest, ACloneHasItsOwnNodesFoundByTheOriginals) {
+  CUgraph graph = graph_;
+  const CUgraphNode a = add_write(graph, 0, 1);
+  const CUgraphNode b = add_write(graph, 1, 2, {a});
+  CUgraph clone = nullptr;
+  ASSERT_CU(cuGraphClone(&clone, graph));
+  CUgraphNode a2 = nullptr, b2 = nullptr;
+  ASSERT_CU(cuGraphNodeFindInClone(&a2, a, clone));
+  ASSERT_CU(cuGraphNodeFindInClone(&b2, b, clone));
+  EXPECT_NE(a, a2);
+  EXPECT_NE(b, b2);
+  CUgraphNode dep = nullptr;
+  size_t count = 1;
+  ASSERT_CU(cuGraphNodeGetDependencies(b2, &dep, nullptr, &count));
+  ASSERT_EQ(1u, count);
+  EXPECT_EQ(a2, dep) << "the clone's edges join the clone's nodes";
+  CUgraphNode none = nullptr;
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuGraphNodeFindInClone(&none, a2, clone))
+      << "a node of the clone is not an original";
+  // Editing the clone leaves the original as it was.
+  add_write(clone, 2, 3, {b2});
+  size_t nodes = 0;
+  ASSERT_CU(cuGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(2u, nodes);
+  ASSERT_CU(cuGraphGetNodes(clone, nullptr, &nodes));
+  EXPECT_EQ(3u, nodes);
+  ASSERT_CU(cuGraphDestroy(clone));
+}
+
+TEST_F(GraphEditTest, AnEdgeAddedLaterOrdersTheLaunch) {
+  // Two writes to one word, listed first-then-second; the edge added later runs them the other
+  // way round, so the first one's value stays.
+  const CUgraphNode first = add_write(graph_, 0, 1);
+  const CUgraphNode second = add_write(graph_, 0, 2);
+  ASSERT_CU(cuGraphAddDependencies(graph_, &second, &first, nullptr, 1));
+  ASSERT_TRUE(run());
+  EXPECT_EQ(1u, flag(0));
+  CUgraphNode dep = nullptr;
+  size_t count = 1;
+  ASSERT_CU(cuGraphNodeGetDependencies(first, &dep, nullptr, &count));
+  EXPECT_EQ(second, dep);
+}
+
+TEST_F(GraphEditTest, EdgesThatWouldMakeACycleOrRepeatOrCrossGraphsAreRefused) {
+  CUgraph graph = graph_, other = nullptr;
+  ASSERT_CU(cuGraphCreate(&other, 0));
+  const CUgraphNode a = add_write(graph, 0, 1);
+  const CUgraphNode b = add_write(graph, 1, 1, {a});
+  const CUgraphNode c = add_write(graph, 2, 1, {b});
+  const CUgraphNode elsewhere = add_write(other, 0, 1);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuGraphAddDependencies(graph, &c, &a, nullptr, 1));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuGraphAddDependencies(graph, &a, &b, nullptr, 1));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuGraphAddDependencies(graph, &a, &elsewhere, nullptr, 1));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuGraphAddDependencies(graph, &a, &a, nullptr, 1));
+  // Nothing was added by the refused calls: a still has no dependencies.
+  size_t count = 0;
+  ASSERT_CU(cuGraphNodeGetDependencies(a, nullptr, nullptr, &count));
+  EXPECT_EQ(0u, count);
+  ASSERT_CU(cuGraphDestroy(other));
+}
+
+TEST_F(GraphEditTest, AWaitNodeDoesNotHoldBackTheBranchesBesideIt) {
+  // Listed first, a wait for word 0; beside it (no edge between them) the write it waits for,
+  // and after the wait a write of word 1. On a GPU the branches run side by side; here too.
+  const CUgraphNode wait = add_wait(graph_, 0, 7);
+  add_write(graph_, 0, 7);
+  add_write(graph_, 1, 9, {wait});
+  ASSERT_TRUE(run()) << "the wait held back the write it waits for";
+  EXPECT_EQ(9u, flag(1));
+}
+
+}  // namespace
