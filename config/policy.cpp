@@ -315,6 +315,31 @@ const Key kSchema[] = {
      p.wait_limit_ns = ns;
      return true; },
    [](const Policy& p) { return show_duration(p.wait_limit_ns); }},
+  {"inside.mode", "off | auto | on", "off, auto or on", "auto",
+   "Offload inside one graph: instantiate a rewritten copy of a captured graph whose slots leave "
+   "the device between their uses within a launch (copies and flags added as graph nodes). "
+   "on: every gap of inside.min_gap nodes or more, for the slots only that graph uses. auto: "
+   "only with a residency.budget size that the graph's slots do not fit, just the gaps that "
+   "bring them within it. off: graphs are instantiated as captured.",
+   [](Policy& p, const std::string& v) {
+     const std::string t = trim(v);
+     if (t == "off") p.inside = Inside::off;
+     else if (t == "auto") p.inside = Inside::auto_;
+     else if (t == "on") p.inside = Inside::on;
+     else return false;
+     return true; },
+   [](const Policy& p) {
+     return std::string(p.inside == Inside::off ? "off" : p.inside == Inside::on ? "on" : "auto"); }},
+  {"inside.lead", "integer 1..100000", "an integer from 1 to 100000", "8",
+   "Inside one graph: how many nodes (in a topological order) before a slot's next use its pages "
+   "are mapped again, so that the graph rarely waits for the map.",
+   [](Policy& p, const std::string& v) { return parse_int(v, 1, 100000, &p.inside_lead); },
+   [](const Policy& p) { return std::to_string(p.inside_lead); }},
+  {"inside.min_gap", "integer 1..100000", "an integer from 1 to 100000", "4",
+   "Inside one graph: the fewest nodes a slot must stay away for a gap between its uses to be "
+   "offloaded.",
+   [](Policy& p, const std::string& v) { return parse_int(v, 1, 100000, &p.inside_min_gap); },
+   [](const Policy& p) { return std::to_string(p.inside_min_gap); }},
   {"guard", "bool", "true or false", "true",
    "Check eager launches against offloaded regions and restore on demand instead of faulting.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.guard); },

@@ -16,6 +16,7 @@ enum class Mode { off, auto_, rules };
 enum class OnError { abort, passthrough };
 enum class Model { measured, given };
 enum class Handshake { automatic, device, host };
+enum class Inside { off, auto_, on };
 
 // rules mode: offload `offload` after the launch `after`, restore it before the launch `before`.
 // Selectors name captures by their order in the process: "capture:3" is the third capture begun;
@@ -46,6 +47,10 @@ struct Policy {
   uint64_t residency_reserve = 0;  // 0: auto
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
+  // offload inside one graph (rewritten graphs)
+  Inside inside = Inside::auto_;
+  int inside_lead = 8;
+  int inside_min_gap = 4;
   // guard
   bool guard = true;
   // host pool

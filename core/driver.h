@@ -35,7 +35,10 @@ namespace vaswap {
   X(cuGraphChildGraphNodeGetGraph, 10000) X(cuGraphBatchMemOpNodeGetParams, 11070)              \
   X(cuMemHostGetDevicePointer, 3020) X(cuStreamWaitValue32, 11070) X(cuStreamWriteValue32, 11070) \
   X(cuStreamBatchMemOp, 11070) X(cuStreamGetCtx, 9020) X(cuStreamQuery, 2000)                     \
-  X(cuDeviceGetAttribute, 2000) X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000)
+  X(cuDeviceGetAttribute, 2000) X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000)            \
+  X(cuGraphClone, 10000) X(cuGraphNodeFindInClone, 10000) X(cuGraphDestroy, 10000)                 \
+  X(cuGraphNodeGetDependencies, 12030) X(cuGraphAddDependencies, 12030)                           \
+  X(cuGraphAddMemcpyNode, 10000) X(cuGraphAddBatchMemOpNode, 11070)
 // clang-format on
 
 struct Driver {

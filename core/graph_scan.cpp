@@ -1,7 +1,10 @@
 #include "graph_scan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
+#include <unordered_map>
 
 #include "trace.h"
 
@@ -15,17 +18,82 @@ class Scanner {
       : driver_(driver), registry_(registry) {}
 
   void graph(CUgraph graph, int depth) {
-    size_t count = 0;
-    if (driver_.cuGraphGetNodes(graph, nullptr, &count) != CUDA_SUCCESS) return;
-    std::vector<CUgraphNode> nodes(count);
-    if (count > 0 && driver_.cuGraphGetNodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return;
-    for (CUgraphNode node : nodes) this->node(node, depth);
+    for (CUgraphNode node : nodes_of(graph)) this->node(node, depth);
+  }
+
+  // The top level with each node's references, then a topological order of it.
+  void top_level(CUgraph graph) {
+    const std::vector<CUgraphNode> nodes = nodes_of(graph);
+    std::vector<ScannedNode> listed(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      listed[i].node = nodes[i];
+      into_ = &listed[i].bases;
+      node(nodes[i], 0);
+      std::sort(listed[i].bases.begin(), listed[i].bases.end());
+      listed[i].bases.erase(std::unique(listed[i].bases.begin(), listed[i].bases.end()),
+                            listed[i].bases.end());
+    }
+    into_ = nullptr;
+    order(std::move(listed));
   }
 
   GraphScan result;
   std::map<uintptr_t, Region> found;
 
  private:
+  std::vector<CUgraphNode> nodes_of(CUgraph graph) {
+    size_t count = 0;
+    if (driver_.cuGraphGetNodes(graph, nullptr, &count) != CUDA_SUCCESS) return {};
+    std::vector<CUgraphNode> nodes(count);
+    if (count > 0 && driver_.cuGraphGetNodes(graph, nodes.data(), &count) != CUDA_SUCCESS)
+      return {};
+    nodes.resize(count);
+    return nodes;
+  }
+
+  // Kahn's algorithm over the dependency edges, the earliest listed ready node first.
+  void order(std::vector<ScannedNode> listed) {
+    std::unordered_map<CUgraphNode, size_t> index;
+    for (size_t i = 0; i < listed.size(); ++i) index[listed[i].node] = i;
+    std::vector<size_t> missing(listed.size(), 0);
+    std::vector<std::vector<size_t>> dependents(listed.size());
+    for (size_t i = 0; i < listed.size(); ++i) {
+      size_t count = 0;
+      if (driver_.cuGraphNodeGetDependencies(listed[i].node, nullptr, nullptr, &count) !=
+          CUDA_SUCCESS) {
+        return;
+      }
+      std::vector<CUgraphNode> deps(count);
+      if (count > 0 && driver_.cuGraphNodeGetDependencies(listed[i].node, deps.data(), nullptr,
+                                                          &count) != CUDA_SUCCESS) {
+        return;
+      }
+      for (size_t k = 0; k < count; ++k) {
+        auto it = index.find(deps[k]);
+        if (it == index.end()) return;
+        ++missing[i];
+        dependents[it->second].push_back(i);
+      }
+    }
+    std::set<size_t> ready;
+    for (size_t i = 0; i < listed.size(); ++i) {
+      if (missing[i] == 0) ready.insert(i);
+    }
+    std::vector<ScannedNode> sorted;
+    sorted.reserve(listed.size());
+    while (!ready.empty()) {
+      const size_t i = *ready.begin();
+      ready.erase(ready.begin());
+      sorted.push_back(std::move(listed[i]));
+      for (size_t j : dependents[i]) {
+        if (--missing[j] == 0) ready.insert(j);
+      }
+    }
+    if (sorted.size() != listed.size()) return;  // not a DAG: no order to plan over
+    result.order = std::move(sorted);
+    result.ordered = true;
+  }
+
   void node(CUgraphNode node, int depth) {
     ++result.nodes;
     CUgraphNodeType type{};
@@ -65,6 +133,7 @@ class Scanner {
     if (value == 0) return;
     if (auto region = registry_.find(static_cast<uintptr_t>(value))) {
       found.emplace(region->base, *region);
+      if (into_ != nullptr) into_->push_back(region->base);
     }
   }
 
@@ -161,14 +230,20 @@ class Scanner {
 
   const Driver& driver_;
   const RegionRegistry& registry_;
+  std::vector<uintptr_t>* into_ = nullptr;  // the top-level node being scanned (top_level)
 };
 
 }  // namespace
 
-GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& registry) {
+GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& registry,
+                     bool with_nodes) {
   const uint64_t start = trace::now_ns();
   Scanner scanner(driver, registry);
-  scanner.graph(graph, 0);
+  if (with_nodes) {
+    scanner.top_level(graph);
+  } else {
+    scanner.graph(graph, 0);
+  }
   for (auto& entry : scanner.found) scanner.result.regions.push_back(entry.second);
   scanner.result.dur_us = trace::us_since(start);
   return scanner.result;

@@ -19,8 +19,20 @@
 
 namespace vaswap {
 
+// One of a graph's top-level nodes and the registered regions it references (a child graph's
+// node: everything in it), by base address, each once.
+struct ScannedNode {
+  CUgraphNode node = nullptr;
+  std::vector<uintptr_t> bases;
+};
+
 struct GraphScan {
   std::vector<Region> regions;  // referenced regions, by base address, each once
+  // With `with_nodes`: the top-level nodes in a topological order (dependencies first; ties in
+  // the order the driver lists them), what the in-graph schedule plans over. Empty when a
+  // dependency query failed (`ordered` false).
+  std::vector<ScannedNode> order;
+  bool ordered = false;
   uint64_t nodes = 0, kernel_nodes = 0, extra_buffers = 0, memcpy_nodes = 0, memset_nodes = 0,
            memop_nodes = 0, child_graphs = 0;
   // Nodes whose references could not be read: conditional nodes (their bodies are not
@@ -35,6 +47,8 @@ struct GraphScan {
 };
 
 // Scans `graph` against `registry`. Driver calls that fail leave the node counted as unscanned.
-GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& registry);
+// `with_nodes`: also each top-level node's references, in a topological order.
+GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& registry,
+                     bool with_nodes = false);
 
 }  // namespace vaswap

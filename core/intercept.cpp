@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "graph_scan.h"
 #include "log.h"
+#include "plan/inside.h"
 #include "planner.h"
 #include "policy.h"
 #include "residency.h"
@@ -246,6 +247,7 @@ void register_region(const Region& region) {
 
 // A slot is about to be destroyed: no graph's facts, no plan and no residency may keep it.
 void forget_slot(Tables& t, Slot* slot) {
+  inside::forget(slot);
   planner::forget(slot);
   residency::forget(slot);
   std::lock_guard<std::mutex> lock(t.mutex);
@@ -285,10 +287,12 @@ void say_summary() {
   vaswap_stats s{};
   Engine::MemoryPeaks peaks;
   residency::Stats r;
+  inside::Stats in;
   if (t.slots.load() > 0) {  // the engine exists; do not create one at exit
     s = engine().stats();
     peaks = engine().memory_peaks();
     r = residency::stats();
+    in = inside::stats();
   }
   const double mib = 1024.0 * 1024.0;
   std::string trace_lost;  // a trace that could not be written (a full disk) says what it lost
@@ -317,6 +321,17 @@ void say_summary() {
                                        r.settle_wait_us / 1e3, r.settle_waits)
                          : std::string(),
       p.guard_hits, p.deviations, s.errors, trace_lost);
+  if (in.graphs > 0) {
+    log().info(
+        "summary, inside graphs: {} rewritten with {} windows; {} slots lent ({:.0f} MiB), held at "
+        "most {:.0f} MiB at once; {} launches carried out, {} releases, {} restores, {:.0f} MiB "
+        "moved each way; {} restores waited for room ({:.1f} ms); other work brought lent slots "
+        "back {} times ({:.1f} ms waited); {} unmaps failed",
+        in.graphs, in.windows, in.lent_slots, static_cast<double>(in.lent_bytes) / mib,
+        static_cast<double>(in.peak_lent_held) / mib, in.launches, in.releases, in.restores,
+        static_cast<double>(in.moved_bytes) / mib, in.room_waits, in.room_wait_us / 1e3,
+        in.on_demand, in.on_demand_wait_us / 1e3, in.failures);
+  }
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
       .add("slots", t.slots.load())
@@ -345,6 +360,20 @@ void say_summary() {
       .add("guard_hits", p.guard_hits)
       .add("deviations", p.deviations)
       .add("errors", s.errors)
+      .add("inside_graphs", in.graphs)
+      .add("inside_windows", in.windows)
+      .add("inside_lent_slots", in.lent_slots)
+      .add("inside_lent_bytes", in.lent_bytes)
+      .add("inside_peak_held", in.peak_lent_held)
+      .add("inside_launches", in.launches)
+      .add("inside_releases", in.releases)
+      .add("inside_restores", in.restores)
+      .add("inside_moved_bytes", in.moved_bytes)
+      .add("inside_on_demand", in.on_demand)
+      .add("inside_on_demand_us", in.on_demand_wait_us)
+      .add("inside_failures", in.failures)
+      .add("inside_room_waits", in.room_waits)
+      .add("inside_room_wait_us", in.room_wait_us)
       .emit();
 }
 
@@ -697,7 +726,55 @@ ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph) {
 
 }  // namespace
 
-void instantiated(const Call& call, CUgraphExec exec, CUgraph graph) {
+CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
+  Tables& t = tables();
+  if (graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0 || !inside::enabled()) {
+    return graph;
+  }
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.graphs.count(graph) == 0) return graph;  // not from a capture
+  }
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr) return graph;
+  const GraphScan scan = scan_graph(*driver, graph, t.registry, /*with_nodes=*/true);
+  if (scan.opaque_kernels > 0 || scan.unscanned_nodes > 0) return graph;  // invariant 10
+  std::vector<Slot*> slots;
+  for (const Region& region : scan.regions) {
+    if (region.kind == RegionKind::slot) slots.push_back(static_cast<Slot*>(region.slot));
+  }
+  auto shared = [&t](const Slot* slot) {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    for (const auto& [exec, facts] : t.execs) {
+      if (facts.opaque ||
+          std::find(facts.slots.begin(), facts.slots.end(), slot) != facts.slots.end()) {
+        return true;
+      }
+    }
+    return false;
+  };
+  std::string why;
+  const CUgraph instead = inside::prepare(graph, scan, slots, shared, &why);
+  if (instead == nullptr && !why.empty()) {
+    // Said once as a warning (stream memory operations missing, a driver refusing the rewritten
+    // graph): the between-launch planner still applies. Later ones go to the info level.
+    static std::atomic<bool> said{false};
+    const auto level = said.exchange(true) ? spdlog::level::info : spdlog::level::warn;
+    log().log(level, "inside one graph: graph {} is instantiated as captured: {}",
+              hex(reinterpret_cast<uintptr_t>(graph)), why);
+    if (trace::enabled()) {
+      record(trace::Event::notice, call)
+          .add("message", "graph " + hex(reinterpret_cast<uintptr_t>(graph)) +
+                              " is instantiated as captured: " + why)
+          .emit();
+    }
+  }
+  return instead != nullptr ? instead : graph;
+}
+
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead) {
+  if (instead != graph) inside::instantiated(instead, exec);
+  if (exec == nullptr) return;
   Tables& t = tables();
   ExecFacts facts = scan_into_facts(exec, graph);
   const uint64_t capture = facts.capture;
@@ -774,6 +851,11 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
   }
   capturing = stream_capturing(stream);
   if (facts.opaque) facts.slots = every_slot(t.registry);
+  // A rewritten graph's own nodes restore the slots lent to its windows.
+  const std::vector<Slot*> lent = capturing ? std::vector<Slot*>{} : inside::lent_to(exec);
+  for (Slot* slot : lent) {
+    facts.slots.erase(std::remove(facts.slots.begin(), facts.slots.end(), slot), facts.slots.end());
+  }
   if (trace::enabled()) {
     auto r = record(trace::Event::graph_launch, call);
     r.hex("exec", reinterpret_cast<uintptr_t>(exec))
@@ -801,6 +883,15 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
     std::lock_guard<std::mutex> lock(t.mutex);
     if (auto it = t.execs.find(exec); it != t.execs.end()) it->second.launched = true;
   }
+  if (ticket.result == CUDA_SUCCESS) {
+    const CUresult rc = inside::before_launch(exec, stream, &ticket.message);
+    if (rc != CUDA_SUCCESS) {
+      log().error("{}: {}", call.symbol, ticket.message);
+      residency::used(ticket.acquired);  // nothing will run: only the slots' pins go
+      ticket.acquired = residency::Acquired{};
+      ticket.result = rc;
+    }
+  }
   return ticket;
 }
 
@@ -815,6 +906,7 @@ void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const 
     if (it != t.execs.end()) ordinal = it->second.ordinal;
   }
   if (ticket.acquired.slots.empty() && stream_capturing(stream)) return;
+  inside::launch_returned(exec, enqueued);
   if (!enqueued) {
     residency::used(ticket.acquired);  // nothing ran: only the slots' pins go
     return;
@@ -1080,7 +1172,10 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     // A copy or memset node is checked against its addresses when it is recorded (measured on
     // the H200: a memcpy into a reserved, unmapped address fails to capture).
     Ticket ticket;
-    ticket.result = residency::back_for_capture(slots, &ticket.message);
+    const std::vector<Slot*> rest = inside::present(slots, &ticket.result, &ticket.message);
+    if (ticket.result == CUDA_SUCCESS) {
+      ticket.result = residency::back_for_capture(rest, &ticket.message);
+    }
     if (ticket.result != CUDA_SUCCESS) {
       log().error("{}: {}", call.symbol, ticket.message);
       return ticket;
@@ -1097,6 +1192,7 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
 
 void exec_destroyed(const Call& call, CUgraphExec exec) {
   Tables& t = tables();
+  inside::exec_destroyed(exec);
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     t.execs.erase(exec);

@@ -90,8 +90,13 @@ void capture_beginning(const Call& call, CUstream stream);
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);
-// An executable graph was made: its graph is scanned for the slots it uses (graph_scan.h).
-void instantiated(const Call& call, CUgraphExec exec, CUgraph graph);
+// Before the real instantiation of `graph`: the graph to instantiate instead (a rewritten copy
+// with windows inside it, core/plan/inside.h), or `graph` itself.
+CUgraph graph_to_instantiate(const Call& call, CUgraph graph);
+// An executable graph was made (`exec`; nullptr when the instantiation failed) from `graph`, or
+// from `instead` (what graph_to_instantiate gave): the graph is scanned for the slots it uses
+// (graph_scan.h).
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead);
 // An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);

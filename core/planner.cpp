@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "log.h"
 #include "plan.h"
+#include "plan/inside.h"
 #include "trace.h"
 #include "worker.h"
 
@@ -254,8 +255,13 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
   Ticket ticket;
   const uint64_t start = trace::now_ns();
   lock.unlock();
-  ticket.result =
-      residency::acquire(slots, stream, what, &ticket.acquired, &ticket.message, checked);
+  // Slots lent to a rewritten graph's windows come back from its executor, the rest from
+  // residency.
+  const std::vector<Slot*> rest = inside::present(slots, &ticket.result, &ticket.message);
+  if (ticket.result == CUDA_SUCCESS) {
+    ticket.result =
+        residency::acquire(rest, stream, what, &ticket.acquired, &ticket.message, checked);
+  }
   lock.lock();
   if (ticket.result != CUDA_SUCCESS) return ticket;
   const residency::Acquired& a = ticket.acquired;
@@ -877,6 +883,15 @@ void configure(const Policy& policy,
   settings.wait_limit_ns = policy.wait_limit_ns;
   settings.host_limit_bytes = policy.host_pool_limit;
   residency::configure(settings);
+  inside::Settings in;
+  in.mode = policy.inside == Inside::off  ? inside::Mode::off
+            : policy.inside == Inside::on ? inside::Mode::on
+                                          : inside::Mode::automatic;
+  in.lead = static_cast<size_t>(policy.inside_lead);
+  in.min_gap = static_cast<size_t>(policy.inside_min_gap);
+  in.budget_bytes = policy.residency_budget;
+  in.wait_limit_ns = policy.wait_limit_ns;
+  inside::configure(in);
   planner().configure(policy, std::move(slots_of_capture));
 }
 bool wants_eager() { return planner().wants_eager(); }

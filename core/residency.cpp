@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,7 @@ enum class Where : uint8_t {
   resident,   // pages (or a restore of them queued), counted against the budget
   releasing,  // an eviction is queued or its D2H runs; pages until the unmapper is done
   offloaded,  // no pages; the data is in the host copy
+  lent,       // a rewritten graph's executor has it (plan/inside.h): not counted, not touched
 };
 
 uint64_t thread_id() {
@@ -274,7 +276,9 @@ struct Device {
   CUstream offload = nullptr, restore = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
-  uint64_t committed = 0;  // host order: pages of resident slots (restores queued included)
+  uint64_t committed = 0;  // host order: pages of resident slots (restores queued included),
+                           // and what lent slots may hold (`lent`)
+  uint64_t lent = 0;       // reserved for the executors of rewritten graphs (plan/inside.h)
   uint64_t physical = 0;   // pages mapped now
   uint64_t limit = 0;      // auto: what slots may hold, last computed (free + what they hold)
   uint64_t reserve = 0;    // auto: the headroom evictions leave the program
@@ -313,6 +317,10 @@ class Residency {
   CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
                    Acquired* acquired, std::string* message, Checked checked);
   void used(const Acquired& acquired);
+  bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent);
+  void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
+  void take_back_offloaded(Slot* slot, void* host);
+  void with_pages(Slot* slot, const std::function<void()>& fn);
   void evict(const std::vector<Slot*>& slots, const char* cause);
   void prefetch(const std::vector<Slot*>& slots);
   void set_schedule(const std::vector<std::vector<Slot*>>& uses);
@@ -1374,6 +1382,141 @@ void Residency::used_submitted(const Acquired& acquired) {
   if (special(acquired.stream)) close_mark(key);
 }
 
+bool Residency::lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent) {
+  if (slots.empty()) return false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // An eviction or a restore of one of them under way (a capture's, under a tight budget)
+    // ends first: bounded, and a lend refused then is tried again at the next launch.
+    changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
+      return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
+        const Entry* e = find_locked(slot);
+        return e == nullptr || e->where == Where::unbacked || e->where == Where::lent ||
+               (e->where == Where::offloaded && e->evictions_done == e->evictions_decided) ||
+               (e->where == Where::resident && e->mapped && e->submitted);
+      });
+    });
+    for (Slot* slot : slots) {
+      const Entry* e = find_locked(slot);
+      const bool ok = e != nullptr && e->device == slots[0]->device &&
+                      ((e->where == Where::resident && e->mapped && e->submitted) ||
+                       e->where == Where::unbacked ||
+                       (e->where == Where::offloaded && (e->host != nullptr || !e->has_data)));
+      if (!ok) {
+        log().debug("slot {} cannot be lent: where {} mapped {} submitted {}",
+                    e != nullptr ? e->id : 0, e != nullptr ? static_cast<int>(e->where) : -1,
+                    e != nullptr && e->mapped, e != nullptr && e->submitted);
+        return false;
+      }
+    }
+    lent->assign(slots.size(), Lent{});
+    Device& d = device_locked(slots[0]->device);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Entry& e = *find_locked(slots[i]);
+      (*lent)[i].pages = e.where == Where::resident;
+      (*lent)[i].data = e.where == Where::offloaded && e.has_data ? e.host : nullptr;
+      if (e.where == Where::resident) {
+        // Its pages are the executor's to count from now on (within `reserve`).
+        d.committed -= e.pages;
+        d.physical -= e.pages;
+        stats_.resident_bytes -= e.pages;
+      }
+      e.where = Where::lent;
+      e.mapped = false;
+      e.marks.clear();
+    }
+    d.committed += reserve;
+    d.lent += reserve;
+  }
+  changed_.notify_all();
+  return true;
+}
+
+void Residency::take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++tick_;
+    for (Slot* slot : slots) {
+      Entry* e = find_locked(slot);
+      if (e == nullptr || e->where != Where::lent) continue;
+      Device& d = device_locked(e->device);
+      e->where = Where::resident;
+      e->mapped = true;
+      e->has_data = true;
+      e->lru = tick_;
+      d.committed += e->pages;
+      d.physical += e->pages;
+      stats_.resident_bytes += e->pages;
+      stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);
+    }
+    if (reserve > 0) {
+      Device& d = device_locked(device);
+      d.committed -= std::min(reserve, d.committed);
+      d.lent -= std::min(reserve, d.lent);
+    }
+  }
+  changed_.notify_all();
+}
+
+void Residency::with_pages(Slot* slot, const std::function<void()>& fn) {
+  std::lock_guard<std::mutex> submit(submit_);  // nothing new is decided meanwhile
+  bool map = false;
+  uint64_t id = 0;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto settled = [this, slot] {
+      const Entry* e = find_locked(slot);
+      return e == nullptr || e->where == Where::unbacked ||
+             (e->where == Where::resident && e->mapped && e->submitted && e->busy == 0) ||
+             (e->where == Where::offloaded && e->evictions_done == e->evictions_decided &&
+              !e->mapped && e->busy == 0);
+    };
+    if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), settled)) {
+      fail(VASWAP_ERROR_INVALID_STATE, "an eviction or a restore of " + slot->describe() +
+                                           " did not end within residency.wait_limit");
+    }
+    Entry* e = find_locked(slot);
+    if (e != nullptr) {
+      map = e->where != Where::resident;
+      id = e->id;
+      ++e->busy;  // forget() waits for it
+    }
+  }
+  const BusyHold hold(*this, id);
+  if (map) engine().back(slot, std::nullopt);
+  try {
+    fn();
+  } catch (...) {
+    if (map) engine().unback(slot, std::nullopt);
+    throw;
+  }
+  if (map) engine().unback(slot, std::nullopt);
+}
+
+void Residency::take_back_offloaded(Slot* slot, void* host) {
+  void* spare = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = find_locked(slot);
+    if (e == nullptr || e->where != Where::lent) {
+      spare = host;
+    } else {
+      if (e->host == nullptr) {
+        e->host = host;
+        stats_.host_bytes += e->pages;
+      } else {
+        std::memcpy(e->host, host, e->pages);
+        spare = host;
+      }
+      e->where = Where::offloaded;
+      e->mapped = false;
+      e->has_data = true;
+    }
+  }
+  if (spare != nullptr) engine().host_free(spare);
+  changed_.notify_all();
+}
+
 void Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
   if (slots.empty()) return;
   std::lock_guard<std::mutex> submit(submit_);
@@ -1422,6 +1565,7 @@ void Residency::prefetch(const std::vector<Slot*>& slots) {
       Entry* e = find_locked(slot);
       if (e == nullptr || e->device != ordinal || e->where == Where::resident) continue;
       if (e->where == Where::unbacked) continue;  // nothing to bring back: mapped at first use
+      if (e->where == Where::lent) continue;      // its executor brings it back
       wanted.push_back(e);
       new_pages += e->pages;
     }
@@ -1776,16 +1920,7 @@ void Residency::run_watchdog() {
       }
     }
   }
-  const std::string text = message +
-                           ". vaswap cannot keep this process's device work correct past this "
-                           "point, and ends it (DESIGN.md invariant 12)";
-  log().error("{}", text);
-  if (trace::enabled()) {
-    trace::Record(trace::Event::error).add("call", "residency").add("message", text).emit();
-  }
-  trace::close();
-  std::fflush(nullptr);
-  _exit(70);
+  end_process("residency", message);
 }
 
 // Polls an event with a short backoff, bounded by residency.wait_limit; an error (a device that
@@ -2659,7 +2794,28 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
   }
   return CUDA_SUCCESS;
 }
+[[noreturn]] void end_process(const char* who, const std::string& message) {
+  const std::string text = message +
+                           ". vaswap cannot keep this process's device work correct past this "
+                           "point, and ends it (DESIGN.md invariant 12)";
+  log().error("{}", text);
+  if (trace::enabled()) {
+    trace::Record(trace::Event::error).add("call", who).add("message", text).emit();
+  }
+  trace::close();
+  std::fflush(nullptr);
+  _exit(70);
+}
+
 void used(const Acquired& acquired) { the().used(acquired); }
+bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent) {
+  return the().lend(slots, reserve, lent);
+}
+void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve) {
+  the().take_back(device, slots, reserve);
+}
+void take_back_offloaded(Slot* slot, void* host) { the().take_back_offloaded(slot, host); }
+void with_pages(Slot* slot, const std::function<void()>& fn) { the().with_pages(slot, fn); }
 // The plan's moves at a position may name slots of several devices (one plan per device).
 void evict(const std::vector<Slot*>& slots, const char* cause) {
   by_device(slots, [cause](const std::vector<Slot*>& group) {

@@ -27,6 +27,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,31 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
 // that use), and may be evicted again.
 void used(const Acquired& acquired);
 
+// Slots lent to the executor of a rewritten graph (core/plan/inside.h), all of one device: from
+// now on residency neither counts, evicts nor restores them; the executor maps and unmaps them as
+// the graph's windows say, within `reserve` bytes, which residency counts as held instead. Each
+// must be resident (its restore submitted), offloaded, or never used; `lent` says, per slot,
+// whether it has its pages, and where its data is when it is off the device (residency's host
+// copy, which stays valid until the slot is taken back). False, with nothing lent, otherwise
+// (an eviction or a restore in progress).
+struct Lent {
+  bool pages = false;    // resident: mapped, with its data
+  void* data = nullptr;  // offloaded: its data (null: none, never used or no data)
+};
+bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent);
+// The executor gives slots of `device` back: mapped, with their data (take_back; `reserve`: what
+// of the lend's reserve goes back with them), or off the device with their data in `host` (pinned,
+// from the engine's host pool), which residency takes: offloaded then, restored before their next
+// use.
+void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
+void take_back_offloaded(Slot* slot, void* host);
+// Runs `fn` while `slot` has pages: its own if it is resident, else pages mapped for the call
+// and unmapped after it (without data: for driver calls that check an address, such as adding a
+// copy node to a graph). Nothing is decided meanwhile; an eviction or a restore of the slot under
+// way ends first (bounded by residency.wait_limit, else Error). Throws what `fn` or the engine
+// throw, with the slot as it was.
+void with_pages(Slot* slot, const std::function<void()>& fn);
+
 // The plan's actions. evict: offload `slots` that are resident and not in use now (after their
 // last use). prefetch: start restoring `slots` that are away, evicting others if the budget says
 // so. Neither waits.
@@ -128,6 +154,11 @@ void capture_count(int change);
 // (waiting until they are mapped), without recording anything on the capturing stream and
 // without evicting. CUDA_ERROR_OUT_OF_MEMORY, with `message`, when the budget has no room.
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+
+// Ends the process with exit status 70 after `message` (and that vaswap cannot keep its device
+// work correct past it) goes to the log and, as an `error` event from `who`, to the trace: for a
+// stuck handshake or a lost map that a graph waits for (invariant 12).
+[[noreturn]] void end_process(const char* who, const std::string& message);
 
 struct Stats {
   uint64_t budget_bytes = 0;    // the last budget computed (the first device with slots)

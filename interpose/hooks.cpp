@@ -469,8 +469,12 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
         return to_status<R>(settled_rc);
       }
     }
-    const R rc = real(exec, graph, rest);
-    if (rc == R{} && exec != nullptr) intercept::instantiated(call, *exec, graph);
+    const CUgraph instead = intercept::graph_to_instantiate(call, graph);
+    const R rc = real(exec, instead, rest);
+    const bool made = rc == R{} && exec != nullptr;
+    if (made || instead != graph) {
+      intercept::instantiated(call, made ? *exec : nullptr, graph, instead);
+    }
     return rc;
   }
 };

@@ -123,6 +123,7 @@ struct Options {
   int fault_step = -1;  // -1: never
   bool api_graph = false;
   bool batch_copies = false;
+  bool whole = false;  // --graph whole: one graph per step
   int extra_mib = 0;   // 0: none
   long limit_mib = 0;  // 0: the whole device
   const char* out = nullptr;
@@ -134,7 +135,7 @@ void usage(FILE* to) {
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
-      "                    [--out FILE] [--quiet]\n"
+      "                    [--graph layers|whole] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -170,6 +171,11 @@ void usage(FILE* to) {
       "  --batch-copies  copy between layers with cudaMemcpyBatchAsync (one copy a batch), and\n"
       "                  at each step's end copy the last layer's output and the first\n"
       "                  layer's to the host in one batch of two\n"
+      "  --graph KIND    layers (default): a forward and a backward graph per layer, with\n"
+      "                  eager work between them; whole: one graph per step, captured once,\n"
+      "                  holding every layer's forward and backward, the copies between\n"
+      "                  layers, the gradient accumulation and the update (as a\n"
+      "                  whole-iteration torch.cuda.graph); the checksum is the same\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -201,6 +207,7 @@ Options parse(int argc, char** argv) {
                                  {"limit-mib", required_argument, nullptr, 'm'},
                                  {"fault-step", required_argument, nullptr, 'f'},
                                  {"batch-copies", no_argument, nullptr, 'b'},
+                                 {"graph", required_argument, nullptr, 'g'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -247,6 +254,15 @@ Options parse(int argc, char** argv) {
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
       case 'b': o.batch_copies = true; break;
+      case 'g':
+        if (std::strcmp(optarg, "whole") == 0) {
+          o.whole = true;
+        } else if (std::strcmp(optarg, "layers") != 0) {
+          std::fprintf(stderr, "train_layers: --graph needs layers or whole, got \"%s\"\n", optarg);
+          usage(stderr);
+          std::exit(2);
+        }
+        break;
       case 'P': o.peer_kernels = true; break;
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
@@ -277,6 +293,14 @@ Options parse(int argc, char** argv) {
                  "train_layers: --devices %d cannot go with --api-graph or --batch-copies "
                  "(they use one device)\n",
                  o.devices);
+    std::exit(2);
+  }
+  if (o.whole && (o.devices > 1 || o.api_graph || o.batch_copies || o.eval_every > 0 ||
+                  o.peek_step >= 0 || o.fault_step >= 0)) {
+    std::fprintf(stderr,
+                 "train_layers: --graph whole cannot go with --devices, --api-graph, "
+                 "--batch-copies, --eval-every, --peek-step or --fault-step (they act between "
+                 "the layers' graphs)\n");
     std::exit(2);
   }
   return o;
@@ -440,6 +464,7 @@ int main(int argc, char** argv) {
   }
   int captured_allocations = 0;
   for (Layer& L : layers) {
+    if (o.whole) break;  // captured below, after the hand-off between layers is defined
     const Launcher& launch = on(L);
     L.forward = capture(launch.stream, [&] {
       L.act = malloc_during_capture(bytes);
@@ -510,6 +535,32 @@ int main(int argc, char** argv) {
       CHECK(cudaStreamSynchronize(D.stream));
     }
   };
+  // --graph whole: the step from the first layer's input to the updated weights, one graph. The
+  // same kernels and copies in the same order as the per-layer step, so the same checksum.
+  cudaGraphExec_t whole = nullptr;
+  if (o.whole) {
+    whole = capture(s, [&] {
+      for (size_t l = 0; l < layers.size(); ++l) {
+        Layer& L = layers[l];
+        L.act = malloc_during_capture(bytes);
+        L.y = malloc_during_capture(bytes);
+        captured_allocations += 2;
+        launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n});
+        if (l + 1 < layers.size()) hand_off(L, layers[l + 1], layers[l + 1].x, L.y);
+      }
+      launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+      for (size_t l = layers.size(); l-- > 0;) {
+        Layer& L = layers[l];
+        L.gx = malloc_during_capture(bytes);
+        L.gw = malloc_during_capture(bytes);
+        captured_allocations += 2;
+        launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n});
+        launch((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
+        if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
+      }
+      for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
+    });
+  }
   on(first);
   uint32_t* peek = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&peek), bytes));
@@ -538,7 +589,8 @@ int main(int argc, char** argv) {
     const auto step_start = std::chrono::steady_clock::now();
     uint32_t data_seed = o.seed * 104729u + static_cast<uint32_t>(step);
     on(first)((const void*)fill_kernel, {&first.x, &data_seed, &n});
-    forward();
+    if (o.whole) CHECK(cudaGraphLaunch(whole, s));
+    if (!o.whole) forward();
     on(first);
     if (step == o.peek_step) launch((const void*)peek_kernel, {&first.act, &peek, &n});
     if (step == o.fault_step) {
@@ -562,14 +614,16 @@ int main(int argc, char** argv) {
       }
       CHECK(cudaGraphLaunch(peek_exec, s));
     }
-    on(last)((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
-    for (size_t l = layers.size(); l-- > 0;) {
+    if (!o.whole) on(last)((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+    for (size_t l = layers.size(); l-- > 0 && !o.whole;) {
       Layer& L = layers[l];
       CHECK(cudaGraphLaunch(L.backward, on(L).stream));
       on(L)((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
       if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
     }
-    for (Layer& L : layers) on(L)((const void*)update_kernel, {&L.w, &L.acc, &n});
+    for (size_t l = 0; l < layers.size() && !o.whole; ++l) {
+      on(layers[l])((const void*)update_kernel, {&layers[l].w, &layers[l].acc, &n});
+    }
     if (o.batch_copies) {
       // The loss's source and the first layer's output (not part of the checksum) in one batch.
       on(first);
@@ -638,7 +692,7 @@ int main(int argc, char** argv) {
   if (!o.quiet) {
     std::printf(
         "graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
-        2 * o.layers, 2 * o.layers * o.steps, captured_allocations,
+        o.whole ? 1 : 2 * o.layers, (o.whole ? 1 : 2 * o.layers) * o.steps, captured_allocations,
         static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
     std::printf("device memory in use: %.1f MiB (cudaMemGetInfo); %.3f s, %.2f ms/step\n",
                 static_cast<double>(in_use) / (1 << 20), seconds, 1e3 * seconds / o.steps);
@@ -661,8 +715,12 @@ int main(int argc, char** argv) {
   }
   for (Layer& L : layers) {
     on(L);
-    CHECK(cudaGraphExecDestroy(L.forward));
-    CHECK(cudaGraphExecDestroy(L.backward));
+    if (!o.whole) CHECK(cudaGraphExecDestroy(L.forward));
+    if (!o.whole) CHECK(cudaGraphExecDestroy(L.backward));
+    if (L.dev == 0 && whole != nullptr) {  // before the buffers it uses are freed
+      CHECK(cudaGraphExecDestroy(whole));
+      whole = nullptr;
+    }
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
   }
   on(first);

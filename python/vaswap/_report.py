@@ -374,6 +374,29 @@ def tables(runs):
             out.append(f"| {r['slot']} | {r['va']} | {mib(r['bytes'])} | {r['windows']} | "
                        f"{r['offloads']} | {r['restores']} | {gbps(r['d2h_bytes'], r['d2h_us']):.1f} | "
                        f"{gbps(r['h2d_bytes'], r['h2d_us']):.1f} |")
+    for run in runs:
+        rewrites = run.of("graph_rewrite")
+        if not rewrites:
+            continue
+        launches = run.of("inside_launch")
+        demands = run.of("inside_demand")
+        final = run.of("summary")
+        held = final[-1].get("inside_peak_held") if final else None
+        out += ["", f"## Offload inside graphs of {run.name}", "",
+                "| graph | nodes | windows | slots lent (MiB) | held without windows MiB | "
+                "held at most MiB (schedule) | moved each way per launch MiB |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in rewrites:
+            out.append(f"| {r['graph']} | {r['nodes']} | {r['windows']} | {r['slots']} "
+                       f"({mib(r['bytes'])}) | {mib(r['held_without'])} | {mib(r['held_peak'])} | "
+                       f"{mib(r['moved_bytes'])} |")
+        durations = sorted(e["dur_us"] for e in launches)
+        median = durations[len(durations) // 2] / 1e3 if durations else None
+        out += ["", f"- launches carried out: {len(launches)} (median {num(median)} ms from the "
+                    f"executor taking one up to its last step); lent slots held at most "
+                    f"{mib(held)} MiB at once (exit summary)",
+                f"- other work brought lent slots back {len(demands)} times, "
+                f"{sum(e['dur_us'] for e in demands) / 1e3:.1f} ms waited"]
     problems = [p for run in runs for p in run.problems]
     if problems:
         out += ["", "## Problems", ""] + [f"- {p}" for p in problems]

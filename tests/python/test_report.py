@@ -34,7 +34,7 @@ PLANNED = ("selection.min_bytes=1MiB,trace.memory_interval=100us,schedule.model=
            "residency.budget=48MiB")
 
 
-def run_demo(tmp, name, policy=None, conf=None):
+def run_demo(tmp, name, policy=None, conf=None, args=()):
     trace = tmp / f"{name}.jsonl"
     env = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "sim"))
     env.pop("VASWAP_SIM_DEVICES", None)
@@ -46,7 +46,7 @@ def run_demo(tmp, name, policy=None, conf=None):
     if conf:
         env["VASWAP_CONF"] = conf
     subprocess.run([sys.executable, str(ROOT / "scripts" / "vaswap"), "run", "--library", str(LIBRARY),
-                    "--trace", str(trace), "--", str(DEMO), "--quiet", "--steps", str(STEPS)],
+                    "--trace", str(trace), "--", str(DEMO), "--quiet", "--steps", str(STEPS), *args],
                    env=env, check=True, capture_output=True, text=True)
     return trace
 
@@ -56,6 +56,8 @@ def traces(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     return {"rules": run_demo(tmp, "rules", policy=RULES),
             "planned": run_demo(tmp, "planned", conf=PLANNED),
+            "inside": run_demo(tmp, "inside", conf="selection.min_bytes=1MiB,inside.mode=on",
+                               args=("--graph", "whole")),
             "dir": tmp}
 
 
@@ -125,6 +127,22 @@ def test_planned_run_reports_its_plan_and_memory(traces):
     assert max(w - u for u, w in zip(used, without)) > 0  # pages were away at some sample
     per_step = vaswap_report.stalls_per_step(run)
     assert len(per_step) >= STEPS - 5
+
+
+def test_a_whole_graph_run_reports_its_rewritten_graph(traces):
+    run = read(traces["inside"])
+    assert run.problems == []
+    rewrite = run.of("graph_rewrite")
+    assert len(rewrite) == 1 and rewrite[0]["slots"] == 32 and rewrite[0]["windows"] > 0
+    assert rewrite[0]["held_peak"] < rewrite[0]["held_without"] == 32 * 2 * MiB
+    assert len(run.of("inside_launch")) == STEPS
+    out = report(traces["inside"])
+    assert out.returncode == 0, out.stderr
+    assert f"## Offload inside graphs of {run.name}" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {rewrite[0]['graph']} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == [str(rewrite[0]["nodes"]), str(rewrite[0]["windows"]), "32 (64)"]
+    assert f"launches carried out: {STEPS}" in out.stdout
 
 
 def test_two_traces_are_two_runs(traces):

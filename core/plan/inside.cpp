@@ -1,0 +1,940 @@
+#include "plan/inside.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "engine.h"
+#include "errors.h"
+#include "log.h"
+#include "plan/graph_windows.h"
+#include "residency.h"
+#include "trace.h"
+#include "transform/graph_rewrite.h"
+
+namespace vaswap::inside {
+
+namespace {
+
+// One step of a lent slot's launch, in launch order: a window's release or its restore.
+struct Step {
+  bool release = false;
+  size_t window = 0;
+  size_t position = 0;  // of the last use before it (a release) or the next use (a restore)
+};
+
+struct Lent {
+  Slot* slot = nullptr;
+  void* host = nullptr;  // its pinned copy, which the graph's copy nodes name
+  bool wraps = false;    // has a wrap window: off the device between launches
+  bool inner = false;    // has windows within a launch
+  // Other work used it between launches: it stays on the device then (its wrap window copies
+  // but does not unmap), so that such work never waits again.
+  bool kept = false;
+  bool mapped = true;  // pages mapped now (the executor's doing)
+  // Launch start: its data was copied out on the launching stream (after this event), and the
+  // executor unmaps it once that copy has completed, before its first restore.
+  CUevent handed = nullptr;
+  bool gone = false;  // destroyed: its windows do nothing
+  std::vector<Step> steps;
+  size_t next = 0;  // the launch being carried out: the next step
+};
+
+// An executable made from a rewritten graph.
+struct Rewritten {
+  CUgraphExec exec = nullptr;
+  int device = 0;
+  CUcontext context = nullptr;
+  std::vector<Lent> slots;
+  size_t windows = 0;
+  uint32_t* flags = nullptr;  // 3 per window: released, trigger, mapped (pinned, device-mapped)
+  uint64_t moved_per_launch = 0;
+  // What its slots may hold at once (the schedule's peak): residency counts this instead of
+  // them, and the executor maps a slot only within it while a release of the launch is pending.
+  uint64_t reserve = 0;
+  uint64_t held = 0;  // what its lent slots hold now
+  // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
+  // windows copy and signal but nothing is unmapped).
+  bool lent = false;
+  uint64_t queued = 0;         // launches enqueued whose windows are not all carried out
+  bool running = false;        // the executor is carrying out the oldest of them
+  uint64_t started_ns = 0;     // when the executor took it up
+  uint64_t room_since_ns = 0;  // a restore of the launch has waited for room since (0: none)
+  uint32_t* flag(size_t window, int which) const { return flags + 3 * window + which; }
+};
+
+enum FlagKind { kReleased = 0, kTrigger = 1, kMapped = 2 };
+
+uint32_t load(const uint32_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
+void store(uint32_t* flag, uint32_t value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
+
+class Inside {
+ public:
+  void configure(const Settings& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    settings_ = s;
+    wait_limit_ns_.store(s.wait_limit_ns, std::memory_order_relaxed);
+  }
+  bool enabled() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return settings_.mode != Mode::off;
+  }
+
+  CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
+                  const std::function<bool(const Slot*)>& shared, std::string* why);
+  void instantiated(CUgraph rewritten, CUgraphExec exec);
+  std::vector<Slot*> lent_to(CUgraphExec exec);
+  CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
+  void launch_returned(CUgraphExec exec, bool enqueued);
+  std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
+  void exec_destroyed(CUgraphExec exec);
+  void forget(Slot* slot);
+  Stats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  void run();  // the executor
+  bool advance_locked(Rewritten& g);
+  // Waits until `g` has no launch in flight; false past residency.wait_limit.
+  bool drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
+  // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
+  void map_back(Rewritten& g, Lent& lent, const char* why);
+  // Maps `lent` again and copies its data back on the executor's stream (this thread waits).
+  void bring_back(Rewritten& g, Lent& lent);
+  // Copies `data` (pinned) into lent's pages on the executor's stream; this thread waits.
+  void copy_in(Rewritten& g, Lent& lent, const void* data);
+  // Copies lent's pages into its host copy the same way.
+  void copy_out(Rewritten& g, Lent& lent);
+  CUstream stream_locked(Rewritten& g);
+  void note_held_locked();
+  // Unmaps lent's pages; a failure leaves it its pages and data (invariant 7), and says so.
+  bool release_pages_locked(Rewritten& g, Lent& lent);
+  // Whether a slot of g's launch in progress has a release still to come before its next restore.
+  // `before`: releases after the last use at an earlier position only (a later one may depend
+  // on the restore that waits).
+  static bool release_pending_locked(const Rewritten& g, size_t before);
+  // Lends g's slots (residency.h): false while one is neither resident nor unused.
+  bool lend_locked(Rewritten& g);
+  void free_locked(Rewritten& g);
+  [[noreturn]] void die(const std::string& message);
+  // Ends the process when one of the executor's driver calls has lasted past
+  // residency.wait_limit: a graph may be parked on the map it is making (invariant 12).
+  void watch();
+  // Around the executor's driver calls: what watch() reads.
+  void busy(const std::string& what);
+  void idle();
+
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  Settings settings_;
+  std::unordered_map<CUgraph, std::unique_ptr<Rewritten>> prepared_;
+  std::unordered_map<CUgraphExec, std::unique_ptr<Rewritten>> graphs_;
+  std::unordered_map<const Slot*, Rewritten*> owner_;  // lent (or to be lent) slots
+  std::atomic<bool> any_{false};                       // owner_ was ever not empty
+  std::unordered_map<int, CUstream> streams_;          // per device, for copies back
+  std::unique_ptr<std::thread> thread_, watchdog_;
+  std::mutex busy_mutex_;
+  std::atomic<uint64_t> wait_limit_ns_{uint64_t{60} * 1000000000};  // for watch(), lock-free
+  uint64_t busy_since_ns_ = 0;                                      // 0: no driver call in flight
+  std::string busy_what_;
+  Stats stats_;
+};
+
+Inside& the() {
+  static auto* inside = new Inside;  // leaked: hooks run from atexit handlers and other threads
+  return *inside;
+}
+
+const Driver& drv() { return engine().driver(); }
+
+// =============================================================================================
+// Instantiation
+// =============================================================================================
+
+CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
+                        const std::function<bool(const Slot*)>& shared, std::string* why) {
+  Settings s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = settings_;
+  }
+  if (s.mode == Mode::off || slots.empty()) return nullptr;
+  if (!scan.ordered) {
+    *why = "its nodes' order could not be read";
+    return nullptr;
+  }
+  // Candidates: slots of one device that no other executable uses.
+  std::vector<Slot*> picked;
+  uint64_t others = 0;
+  const int device = slots[0]->device;
+  std::vector<bool> elsewhere(slots.size());  // asked before taking the lock: shared() has its own
+  for (size_t i = 0; i < slots.size(); ++i) elsewhere[i] = shared(slots[i]);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot* slot = slots[i];
+      const bool ok =
+          slot->managed && slot->device == device && owner_.count(slot) == 0 && !elsewhere[i];
+      if (ok) {
+        picked.push_back(slot);
+      } else {
+        others += slot->mapped_bytes;
+      }
+    }
+  }
+  if (picked.empty()) return nullptr;
+  std::unordered_map<uintptr_t, size_t> index;
+  std::vector<windows::Candidate> candidates(picked.size());
+  for (size_t i = 0; i < picked.size(); ++i) {
+    index[static_cast<uintptr_t>(picked[i]->va)] = i;
+    candidates[i].bytes = picked[i]->mapped_bytes;
+  }
+  for (size_t p = 0; p < scan.order.size(); ++p) {
+    for (uintptr_t base : scan.order[p].bases) {
+      auto it = index.find(base);
+      if (it != index.end()) candidates[it->second].uses.push_back(p);
+    }
+  }
+  windows::Settings ws;
+  ws.lead = s.lead;
+  ws.min_gap = s.min_gap;
+  // A release frees its pages only once its D2H has run and the executor has unmapped them,
+  // later than the position it follows, so a restore may wait for room (the summary's room
+  // waits). Under a budget the schedule fills what the slots may hold: aiming lower leaves
+  // headroom but moves more bytes, and on the H200 cost more than the waits it saved
+  // (bench/results/inside_budget_headroom_h200.md). With every window taken (inside.mode=on)
+  // the executor gets one slot of headroom over the schedule's peak.
+  uint64_t largest = 0;
+  for (const windows::Candidate& c : candidates) largest = std::max(largest, c.bytes);
+  uint64_t allowed = 0;  // what the lent slots may hold at once (0: what the schedule needs)
+  if (s.mode == Mode::automatic) {
+    uint64_t total = others;
+    for (const windows::Candidate& c : candidates) total += c.bytes;
+    if (s.budget_bytes == 0 || total <= s.budget_bytes) return nullptr;  // no pressure known
+    allowed = s.budget_bytes > others ? s.budget_bytes - others : 1;
+    ws.target = allowed;
+  }
+  windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
+  if (choice.windows.empty()) {
+    *why = "no gap between its slots' uses is long enough (inside.lead, inside.min_gap)";
+    return nullptr;
+  }
+
+  auto g = std::make_unique<Rewritten>();
+  g->device = device;
+  g->context = engine().context(device);
+  g->windows = choice.windows.size();
+  g->moved_per_launch = choice.moved_bytes;
+  g->reserve = allowed > 0 ? std::max(allowed, choice.peak_bytes) : choice.peak_bytes + largest;
+  const Driver& driver = drv();
+  ContextScope scope(driver, g->context);
+  void* flags = nullptr;
+  const size_t flag_bytes = 3 * g->windows * sizeof(uint32_t);
+  CUresult rc = driver.cuMemHostAlloc(&flags, flag_bytes,
+                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+  if (rc != CUDA_SUCCESS) {
+    *why = cuda_failure("cuMemHostAlloc", rc, "the flags of a rewritten graph");
+    return nullptr;
+  }
+  std::memset(flags, 0, flag_bytes);
+  g->flags = static_cast<uint32_t*>(flags);
+  CUdeviceptr flags_device = 0;
+  if (driver.cuMemHostGetDevicePointer(&flags_device, flags, 0) != CUDA_SUCCESS) {
+    flags_device = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(flags));
+  }
+  std::vector<WindowFlags> wflags(g->windows);
+  for (size_t k = 0; k < g->windows; ++k) {
+    const CUdeviceptr base = flags_device + 3 * k * sizeof(uint32_t);
+    wflags[k] = WindowFlags{base, base + sizeof(uint32_t), base + 2 * sizeof(uint32_t)};
+  }
+  // The lent slots, each with its pinned copy and its steps in launch order.
+  std::vector<RewriteSlot> rslots(picked.size());
+  std::vector<int> lent_of(picked.size(), -1);
+  // Every candidate is lent, windows or not: the schedule's peak, which residency counts
+  // instead of them, is what all of them hold.
+  try {
+    for (size_t c = 0; c < picked.size(); ++c) {
+      lent_of[c] = static_cast<int>(g->slots.size());
+      Lent lent;
+      lent.slot = picked[c];
+      const bool windowed = std::any_of(choice.windows.begin(), choice.windows.end(),
+                                        [c](const windows::Window& w) { return w.candidate == c; });
+      if (windowed) lent.host = engine().host_alloc(picked[c]->mapped_bytes);
+      g->slots.push_back(lent);
+      rslots[c] = RewriteSlot{picked[c]->va, picked[c]->mapped_bytes, lent.host};
+    }
+  } catch (const Error& e) {
+    for (Lent& lent : g->slots) {
+      if (lent.host != nullptr) engine().host_free(lent.host);
+    }
+    driver.cuMemFreeHost(flags);
+    *why = std::string("no pinned host memory for its slots' copies: ") + e.what();
+    return nullptr;
+  }
+  for (Lent& lent : g->slots) {
+    const size_t c =
+        static_cast<size_t>(std::find(picked.begin(), picked.end(), lent.slot) - picked.begin());
+    // Windows of one candidate are consecutive in the choice, the wrap first: the wrap's
+    // restore opens the launch and its release closes it.
+    const windows::Window* wrap = nullptr;
+    size_t wrap_index = 0;
+    for (size_t k = 0; k < choice.windows.size(); ++k) {
+      const windows::Window& w = choice.windows[k];
+      if (w.candidate != c) continue;
+      if (w.wrap) {
+        wrap = &w;
+        wrap_index = k;
+        lent.steps.push_back(Step{false, k, w.restore_before});
+      }
+    }
+    for (size_t k = 0; k < choice.windows.size(); ++k) {
+      const windows::Window& w = choice.windows[k];
+      if (w.candidate != c || w.wrap) continue;
+      lent.steps.push_back(Step{true, k, w.release_after});
+      lent.steps.push_back(Step{false, k, w.restore_before});
+    }
+    if (wrap != nullptr) lent.steps.push_back(Step{true, wrap_index, wrap->release_after});
+    lent.wraps = wrap != nullptr;
+    lent.inner = lent.steps.size() > (lent.wraps ? 2u : 0u);
+  }
+  // The driver refuses a copy node naming an address without pages (as it refuses to capture
+  // one, bench/results/launch_unmapped_h200.txt): a slot without them gets pages while its nodes
+  // are added, one slot at a time, and gives them back after.
+  auto with_pages = [&picked](size_t candidate, const std::function<void()>& add) {
+    residency::with_pages(picked[candidate], add);
+  };
+  CUgraph rewritten = nullptr;
+  try {
+    rewritten =
+        rewrite_graph(driver, graph, scan.order, choice, rslots, wflags, g->context, with_pages);
+  } catch (const Error& e) {
+    for (Lent& lent : g->slots) {
+      if (lent.host != nullptr) engine().host_free(lent.host);
+    }
+    driver.cuMemFreeHost(flags);
+    *why = e.what();
+    return nullptr;
+  }
+  uint64_t lent_bytes = 0;
+  for (const Lent& lent : g->slots) lent_bytes += lent.slot->mapped_bytes;
+  if (trace::enabled()) {
+    trace::Record(trace::Event::graph_rewrite)
+        .hex("graph", reinterpret_cast<uintptr_t>(graph))
+        .add("device", device)
+        .add("nodes", static_cast<uint64_t>(scan.order.size()))
+        .add("windows", static_cast<uint64_t>(g->windows))
+        .add("slots", static_cast<uint64_t>(g->slots.size()))
+        .add("bytes", lent_bytes)
+        .add("held_without", choice.total_bytes)
+        .add("held_peak", choice.peak_bytes)
+        .add("moved_bytes", choice.moved_bytes)
+        .emit();
+  }
+  log().info(
+      "inside one graph: graph {} rewritten with {} windows over {} nodes for {} slots ({}): "
+      "they hold at most {} at once in a launch instead of {}, moving {} each way per launch",
+      hex(reinterpret_cast<uintptr_t>(graph)), g->windows, scan.order.size(), g->slots.size(),
+      byte_size(lent_bytes), byte_size(choice.peak_bytes), byte_size(choice.total_bytes),
+      byte_size(choice.moved_bytes));
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Lent& lent : g->slots) owner_[lent.slot] = g.get();
+  any_.store(true, std::memory_order_release);
+  prepared_[rewritten] = std::move(g);
+  return rewritten;
+}
+
+void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
+  std::unique_ptr<Rewritten> failed;  // the instantiation failed: its resources go
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = prepared_.find(rewritten);
+    if (it == prepared_.end()) return;
+    std::unique_ptr<Rewritten> g = std::move(it->second);
+    prepared_.erase(it);
+    if (exec != nullptr) {
+      g->exec = exec;
+      ++stats_.graphs;
+      stats_.windows += g->windows;
+      graphs_[exec] = std::move(g);
+    } else {
+      for (const Lent& lent : g->slots) owner_.erase(lent.slot);
+      failed = std::move(g);
+    }
+  }
+  drv().cuGraphDestroy(rewritten);
+  if (failed) {
+    for (Lent& lent : failed->slots) {
+      if (lent.host != nullptr) engine().host_free(lent.host);
+    }
+    drv().cuMemFreeHost(failed->flags);
+  }
+}
+
+bool Inside::lend_locked(Rewritten& g) {
+  std::vector<Slot*> slots;
+  for (const Lent& lent : g.slots) {
+    if (!lent.gone) slots.push_back(lent.slot);
+  }
+  std::vector<residency::Lent> states;
+  if (!residency::lend(slots, g.reserve, &states)) return false;
+  if (!thread_) {
+    thread_ = std::make_unique<std::thread>([this] { run(); });
+    watchdog_ = std::make_unique<std::thread>([this] { watch(); });
+  }
+  g.lent = true;
+  size_t i = 0;
+  g.held = 0;
+  bool synchronized = false;
+  // The first launch starts as every later one does: slots whose launch begins with a restore
+  // of the graph's leave the device now (their data to the host copy the restore reads), then
+  // slots whose first use no restore precedes get their pages (and data). Waits of the first
+  // launch only.
+  for (Lent& lent : g.slots) {
+    if (lent.gone) continue;
+    const residency::Lent& state = states[i++];
+    lent.mapped = state.pages;
+    if (lent.mapped) g.held += lent.slot->mapped_bytes;
+    stats_.lent_slots += 1;
+    stats_.lent_bytes += lent.slot->mapped_bytes;
+    if (state.data != nullptr && lent.host != nullptr) {
+      std::memcpy(lent.host, state.data, lent.slot->mapped_bytes);
+    }
+    const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
+    if (lent.mapped && restored_first) {
+      if (!synchronized) {
+        // The work that wrote them may still run: the device's work ends first.
+        ContextScope scope(drv(), g.context);
+        busy("waiting for the device before a rewritten graph's first launch");
+        const CUresult rc = drv().cuCtxSynchronize();
+        idle();
+        if (rc != CUDA_SUCCESS) {
+          die(cuda_failure("cuCtxSynchronize", rc, "before a rewritten graph's first launch"));
+        }
+        synchronized = true;
+      }
+      copy_out(g, lent);
+      release_pages_locked(g, lent);
+    }
+  }
+  i = 0;
+  for (Lent& lent : g.slots) {
+    if (lent.gone) continue;
+    const residency::Lent& state = states[i++];
+    const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
+    if (lent.mapped || restored_first) continue;
+    if (state.data != nullptr && lent.host != nullptr) {
+      bring_back(g, lent);
+    } else {
+      map_back(g, lent, "its first launch");
+      g.held += lent.slot->mapped_bytes;
+      if (state.data != nullptr) copy_in(g, lent, state.data);  // no windows: no copy of ours
+    }
+  }
+  note_held_locked();
+  return true;
+}
+
+std::vector<Slot*> Inside::lent_to(CUgraphExec exec) {
+  if (!any_.load(std::memory_order_acquire)) return {};
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Slot*> out;
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end()) return out;
+  // The first launch lends them before residency would map the unused ones.
+  if (!it->second->lent && !lend_locked(*it->second)) return out;
+  for (const Lent& lent : it->second->slots) {
+    if (!lent.gone) out.push_back(lent.slot);
+  }
+  return out;
+}
+
+// =============================================================================================
+// Launches
+// =============================================================================================
+
+CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* message) {
+  if (!any_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end()) return CUDA_SUCCESS;
+  Rewritten& g = *it->second;
+  // Not lent before the launch (a slot was away in residency): residency made them resident, and
+  // this launch holds them (its windows only copy and signal if they cannot be lent still).
+  if (!g.lent && g.queued == 0) lend_locked(g);
+  if (g.queued > 0) return CUDA_SUCCESS;  // the launch before ends with them off the device
+  // Slots on the device now (the first launch; brought back for other work since) hand the
+  // launch their data: the graph's first restore copies the host copy back.
+  // Unless kept on the device, such a slot then leaves it until the graph's restore: the
+  // executor unmaps it once the copy has completed.
+  const Driver& driver = drv();
+  for (Lent& lent : g.slots) {
+    if (lent.gone || !lent.wraps || !lent.mapped) continue;
+    CUresult rc =
+        driver.cuMemcpyDtoHAsync(lent.host, lent.slot->va, lent.slot->mapped_bytes, stream);
+    if (rc == CUDA_SUCCESS && !lent.kept && lent.handed == nullptr) {
+      rc = driver.cuEventCreate(&lent.handed, CU_EVENT_DISABLE_TIMING);
+      if (rc == CUDA_SUCCESS) rc = driver.cuEventRecord(lent.handed, stream);
+    }
+    if (rc != CUDA_SUCCESS) {
+      *message = cuda_failure("cuMemcpyDtoHAsync", rc,
+                              lent.slot->describe() + ", its data for a rewritten graph's launch");
+      return rc;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+void Inside::launch_returned(CUgraphExec exec, bool enqueued) {
+  if (!enqueued || !any_.load(std::memory_order_acquire)) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = graphs_.find(exec);
+    if (it == graphs_.end()) return;
+    ++it->second->queued;
+  }
+  work_.notify_all();
+}
+
+// =============================================================================================
+// The executor
+// =============================================================================================
+
+void Inside::run() {
+  CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+  drv().cuThreadExchangeStreamCaptureMode(&relaxed);  // invariant 5
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto pause = std::chrono::microseconds(1);
+  for (;;) {
+    bool busy = false, progressed = false;
+    for (auto& [exec, g] : graphs_) {
+      if (g->queued == 0) continue;
+      busy = true;
+      if (!g->running) {
+        g->running = true;
+        g->started_ns = trace::now_ns();
+        for (Lent& lent : g->slots) lent.next = 0;
+      }
+      if (advance_locked(*g)) progressed = true;
+    }
+    if (!busy) {
+      work_.wait(lock);
+      pause = std::chrono::microseconds(1);
+      continue;
+    }
+    if (progressed) {
+      pause = std::chrono::microseconds(1);
+      continue;
+    }
+    // Flags are written by the device: poll, backing off to 50 us.
+    work_.wait_for(lock, pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(50));
+  }
+}
+
+bool Inside::advance_locked(Rewritten& g) {
+  bool progressed = false, finished = true;
+  uint64_t releases = 0, restores = 0;
+  for (Lent& lent : g.slots) {
+    if (lent.handed != nullptr) {
+      // Its data left on the launching stream: once that copy completed, so have its uses
+      // before the launch (they precede it there), and the pages may go until the restore.
+      const CUresult rc = drv().cuEventQuery(lent.handed);
+      if (rc == CUDA_ERROR_NOT_READY) {
+        finished = false;
+        continue;
+      }
+      drv().cuEventDestroy(lent.handed);
+      lent.handed = nullptr;
+      if (rc == CUDA_SUCCESS && lent.mapped && !lent.gone && g.lent &&
+          release_pages_locked(g, lent)) {
+        ++releases;
+      }
+      progressed = true;
+    }
+    while (lent.next < lent.steps.size()) {
+      const Step step = lent.steps[lent.next];
+      uint32_t* flag = g.flag(step.window, step.release ? kReleased : kTrigger);
+      if (load(flag) == 0) break;
+      store(flag, 0);  // taken: the next launch writes it again
+      if (step.release) {
+        // Its D2H has completed (the flag follows it in the graph), and so have the uses
+        // before it (the D2H follows them): the pages may go (invariant 3).
+        const bool wrap_release = lent.wraps && lent.next + 1 == lent.steps.size();
+        if (lent.mapped && !lent.gone && g.lent && !(wrap_release && lent.kept) &&
+            release_pages_locked(g, lent)) {
+          ++releases;
+        }
+      } else {
+        if (!lent.mapped) {
+          // Within the reserve while a release of this launch can still make room (the
+          // schedule's peak says it will); past it only when none can.
+          const uint64_t now = trace::now_ns();
+          if (g.held + lent.slot->mapped_bytes > g.reserve &&
+              release_pending_locked(g, step.position)) {
+            if (g.room_since_ns == 0) {
+              g.room_since_ns = now;
+              ++stats_.room_waits;
+            }
+            if (now - g.room_since_ns < settings_.wait_limit_ns) {
+              store(flag, 1);  // not taken yet
+              break;
+            }
+            log().warn(
+                "inside one graph: {} is mapped beyond its graph's reserve of {}: the "
+                "releases before it did not come within residency.wait_limit",
+                lent.slot->describe(), byte_size(g.reserve));
+          }
+          if (g.room_since_ns != 0) {
+            stats_.room_wait_us += static_cast<double>(now - g.room_since_ns) / 1e3;
+          }
+          g.room_since_ns = 0;
+          map_back(g, lent, "the graph's next use");
+          g.held += lent.slot->mapped_bytes;
+          note_held_locked();
+          ++restores;
+        }
+        store(g.flag(step.window, kMapped), 1);
+      }
+      ++lent.next;
+      progressed = true;
+    }
+    if (lent.next < lent.steps.size()) finished = false;
+  }
+  stats_.releases += releases;
+  stats_.restores += restores;
+  if (finished) {
+    g.running = false;
+    --g.queued;
+    ++stats_.launches;
+    stats_.moved_bytes += g.moved_per_launch;
+    if (trace::enabled()) {
+      trace::Record(trace::Event::inside_launch)
+          .hex("exec", reinterpret_cast<uintptr_t>(g.exec))
+          .add("windows", static_cast<uint64_t>(g.windows))
+          .add("moved_bytes", g.moved_per_launch)
+          .add("dur_us", trace::us_since(g.started_ns))
+          .emit();
+    }
+    done_.notify_all();
+    progressed = true;
+  }
+  return progressed;
+}
+
+void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
+  (void)g;
+  const uint64_t start = trace::now_ns();
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    try {
+      busy("mapping " + lent.slot->describe() + " again for " + why);
+      engine().back(lent.slot, std::nullopt, /*report=*/false);
+      idle();
+      lent.mapped = true;
+      return;
+    } catch (const Error& e) {
+      idle();
+      // No pages now (the program's own allocations took the room): try again until the limit,
+      // for the graph waits on the device for this map.
+      if (trace::now_ns() - start > settings_.wait_limit_ns) {
+        die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
+            why + " within residency.wait_limit: " + e.what());
+      }
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+bool Inside::release_pages_locked(Rewritten& g, Lent& lent) {
+  try {
+    busy("unmapping " + lent.slot->describe());
+    engine().unback(lent.slot, std::nullopt);
+    idle();
+  } catch (const Error& e) {
+    idle();
+    // The pages stay, and so does the data; the next restore finds the slot mapped.
+    ++stats_.failures;
+    log().warn("inside one graph: {} keeps its pages: {}", lent.slot->describe(), e.what());
+    return false;
+  }
+  lent.mapped = false;
+  g.held -= lent.slot->mapped_bytes;
+  return true;
+}
+
+bool Inside::release_pending_locked(const Rewritten& g, size_t before) {
+  for (const Lent& lent : g.slots) {
+    if (lent.gone || !lent.mapped) continue;
+    if (lent.handed != nullptr) return true;
+    if (lent.next < lent.steps.size() && lent.steps[lent.next].release &&
+        lent.steps[lent.next].position < before &&
+        !(lent.kept && lent.next + 1 == lent.steps.size())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Inside::note_held_locked() {
+  uint64_t held = 0;
+  for (const auto& [exec, g] : graphs_) held += g->held;
+  stats_.peak_lent_held = std::max(stats_.peak_lent_held, held);
+}
+
+bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
+  return done_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns),
+                        [&] { return g.queued == 0; });
+}
+
+void Inside::bring_back(Rewritten& g, Lent& lent) {
+  map_back(g, lent, "other work that uses it");
+  g.held += lent.slot->mapped_bytes;
+  copy_in(g, lent, lent.host);
+}
+
+CUstream Inside::stream_locked(Rewritten& g) {
+  CUstream& stream = streams_[g.device];
+  if (stream == nullptr) {
+    ContextScope scope(drv(), g.context);
+    const CUresult rc = drv().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuStreamCreate", rc, "the stream that copies lent slots"));
+    }
+  }
+  return stream;
+}
+
+void Inside::copy_in(Rewritten& g, Lent& lent, const void* data) {
+  const Driver& driver = drv();
+  const CUstream stream = stream_locked(g);
+  ContextScope scope(driver, g.context);
+  busy("copying the data of " + lent.slot->describe() + " back");
+  CUresult rc = driver.cuMemcpyHtoDAsync(lent.slot->va, data, lent.slot->mapped_bytes, stream);
+  if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(stream);
+  idle();
+  if (rc != CUDA_SUCCESS) {
+    die(cuda_failure("cuMemcpyHtoDAsync", rc,
+                     lent.slot->describe() + ", copying its data back from its host copy"));
+  }
+}
+
+void Inside::copy_out(Rewritten& g, Lent& lent) {
+  const Driver& driver = drv();
+  const CUstream stream = stream_locked(g);
+  ContextScope scope(driver, g.context);
+  busy("copying the data of " + lent.slot->describe() + " out");
+  CUresult rc = driver.cuMemcpyDtoHAsync(lent.host, lent.slot->va, lent.slot->mapped_bytes, stream);
+  if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(stream);
+  idle();
+  if (rc != CUDA_SUCCESS) {
+    die(cuda_failure("cuMemcpyDtoHAsync", rc,
+                     lent.slot->describe() + ", copying its data to its host copy"));
+  }
+}
+
+// =============================================================================================
+// Other work, and the end of executables and slots
+// =============================================================================================
+
+std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc,
+                                   std::string* message) {
+  *rc = CUDA_SUCCESS;
+  if (!any_.load(std::memory_order_acquire)) return slots;  // no graph rewritten: no lock
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (owner_.empty()) return slots;
+  std::vector<Slot*> rest;
+  for (Slot* slot : slots) {
+    auto it = owner_.find(slot);
+    if (it == owner_.end() || !it->second->lent) {
+      rest.push_back(slot);
+      continue;
+    }
+    Rewritten& g = *it->second;
+    Lent* lent = nullptr;
+    for (Lent& l : g.slots) {
+      if (l.slot == slot) lent = &l;
+    }
+    if (lent == nullptr || lent->gone) continue;
+    // On the device whenever other work runs: no windows, or kept with no window within launches.
+    if (!lent->inner && (lent->kept || !lent->wraps)) continue;
+    const uint64_t start = trace::now_ns();
+    const bool waited = g.queued > 0;
+    if (!drain_locked(lock, g)) {
+      for (const Lent& l : g.slots) {
+        if (l.mapped) {
+          log().debug("{}: mapped, step {} of {}, wraps {} inner {} handed {}", l.slot->describe(),
+                      l.next, l.steps.size(), l.wraps, l.inner, l.handed != nullptr);
+        }
+        if (l.next >= l.steps.size()) continue;
+        const Step& st = l.steps[l.next];
+        log().debug(
+            "{}: step {} of {} ({} of window {} at {}), mapped {}, held {} of {}, flags {} {} {}",
+            l.slot->describe(), l.next, l.steps.size(), st.release ? "release" : "restore",
+            st.window, st.position, l.mapped, g.held, g.reserve, load(g.flag(st.window, kReleased)),
+            load(g.flag(st.window, kTrigger)), load(g.flag(st.window, kMapped)));
+      }
+      {
+        // The executor stuck in a driver call is the likeliest cause: say so and end (the
+        // watchdog would, a moment later).
+        std::lock_guard<std::mutex> busy_lock(busy_mutex_);
+        if (busy_since_ns_ != 0) {
+          die("inside one graph: " + slot->describe() +
+              " waited for the launches of its graph "
+              "past residency.wait_limit, and the executor has been " +
+              busy_what_ + " for " + std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
+              " ms");
+        }
+      }
+      *rc = CUDA_ERROR_LAUNCH_TIMEOUT;
+      *message = "the launches of the rewritten graph that holds " + slot->describe() +
+                 " did not finish within residency.wait_limit";
+      return rest;
+    }
+    const bool away = !lent->mapped;
+    if (away) {
+      bring_back(g, *lent);
+      note_held_locked();
+    }
+    if (lent->wraps && !lent->kept) {
+      lent->kept = true;
+      log().info("inside one graph: {} is used between launches: it stays on the device then",
+                 slot->describe());
+    }
+    if (!away && !waited) continue;
+    ++stats_.on_demand;
+    const double us = trace::us_since(start);
+    stats_.on_demand_wait_us += us;
+    if (trace::enabled()) {
+      trace::Record(trace::Event::inside_demand)
+          .add("slot", slot->id)
+          .add("bytes", static_cast<uint64_t>(slot->mapped_bytes))
+          .add("dur_us", us)
+          .emit();
+    }
+  }
+  return rest;
+}
+
+void Inside::exec_destroyed(CUgraphExec exec) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end()) return;
+  Rewritten& g = *it->second;
+  if (!drain_locked(lock, g)) {
+    log().warn(
+        "inside one graph: the launches of graph {} did not finish within "
+        "residency.wait_limit before it was destroyed; its slots are brought back now",
+        hex(reinterpret_cast<uintptr_t>(exec)));
+  }
+  // Slots on the device go back as they are; slots off it go back offloaded, their data in the
+  // host copy residency takes over (the program often frees them next: nothing is mapped then).
+  std::vector<Slot*> back;
+  for (Lent& lent : g.slots) {
+    if (lent.gone) continue;
+    if (!g.lent) continue;
+    if (lent.mapped) {
+      back.push_back(lent.slot);
+    } else {
+      residency::take_back_offloaded(lent.slot, lent.host);
+      lent.host = nullptr;
+    }
+  }
+  if (g.lent) residency::take_back(g.device, back, g.reserve);
+  free_locked(g);
+  graphs_.erase(it);
+}
+
+void Inside::forget(Slot* slot) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = owner_.find(slot);
+  if (it == owner_.end()) return;
+  Rewritten& g = *it->second;
+  if (g.lent) drain_locked(lock, g);
+  for (Lent& lent : g.slots) {
+    if (lent.slot != slot || lent.gone) continue;
+    if (!lent.mapped && g.lent) {
+      map_back(g, lent, "its destruction");  // residency frees its pages
+      g.held += slot->mapped_bytes;
+    }
+    lent.gone = true;
+    if (g.lent) {
+      g.held -= slot->mapped_bytes;
+      residency::take_back(g.device, {slot}, 0);
+    }
+  }
+  owner_.erase(it);
+}
+
+void Inside::free_locked(Rewritten& g) {
+  for (Lent& lent : g.slots) {
+    if (lent.handed != nullptr) drv().cuEventDestroy(lent.handed);
+    owner_.erase(lent.slot);
+    if (lent.host != nullptr) engine().host_free(lent.host);
+  }
+  drv().cuMemFreeHost(g.flags);
+}
+
+void Inside::busy(const std::string& what) {
+  std::lock_guard<std::mutex> lock(busy_mutex_);
+  busy_since_ns_ = trace::now_ns();
+  busy_what_ = what;
+}
+
+void Inside::idle() {
+  std::lock_guard<std::mutex> lock(busy_mutex_);
+  busy_since_ns_ = 0;
+}
+
+void Inside::watch() {
+  for (;;) {
+    const uint64_t limit = wait_limit_ns_.load(std::memory_order_relaxed);
+    const uint64_t period = std::min<uint64_t>(limit / 10, 100000000);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(period));
+    std::lock_guard<std::mutex> lock(busy_mutex_);
+    if (busy_since_ns_ != 0 && trace::now_ns() - busy_since_ns_ > limit) {
+      die("inside one graph: the executor has been " + busy_what_ + " for " +
+          std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
+          " ms (residency.wait_limit " + std::to_string(limit / 1000000) +
+          " ms), and the graph that waits for it cannot go on");
+    }
+  }
+}
+
+[[noreturn]] void Inside::die(const std::string& message) {
+  residency::end_process("inside", message);
+}
+
+}  // namespace
+
+void configure(const Settings& settings) { the().configure(settings); }
+bool enabled() { return the().enabled(); }
+CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
+                const std::function<bool(const Slot*)>& shared, std::string* why) {
+  return the().prepare(graph, scan, slots, shared, why);
+}
+void instantiated(CUgraph rewritten, CUgraphExec exec) { the().instantiated(rewritten, exec); }
+std::vector<Slot*> lent_to(CUgraphExec exec) { return the().lent_to(exec); }
+CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message) {
+  return the().before_launch(exec, stream, message);
+}
+void launch_returned(CUgraphExec exec, bool enqueued) { the().launch_returned(exec, enqueued); }
+std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message) {
+  return the().present(slots, rc, message);
+}
+void exec_destroyed(CUgraphExec exec) { the().exec_destroyed(exec); }
+void forget(Slot* slot) { the().forget(slot); }
+Stats stats() { return the().stats(); }
+
+}  // namespace vaswap::inside

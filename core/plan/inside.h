@@ -1,0 +1,98 @@
+// Offload inside one graph: rewritten graphs and the executor that carries out their windows
+// (DESIGN.md section 5, "Inside one graph"; invariants 2, 3, 7, 11 and 12).
+//
+// When a captured graph is instantiated and the policy asks for it (inside.mode), its slots that
+// no other executable uses get windows over the graph's nodes (core/plan/graph_windows.h) and the
+// executable is made from a rewritten copy (core/transform/graph_rewrite.h). At its first launch
+// those slots are lent by residency (pinned there: residency neither evicts nor restores them)
+// to this module's executor, a thread that follows the flags the graph writes: on a window's
+// `released` flag (written after its D2H node) it unmaps the slot's pages, on its `trigger` flag
+// it maps pages again and writes `mapped`, which the graph's wait node holds the H2D and the next
+// uses behind. The application's thread only enqueues: it never waits for the executor in steady
+// state, and the graph waits on the device only for a map, never for a copy enqueued after it
+// (the hazard docs/PLANNER.md describes: every copy is a node of the graph itself).
+//
+// Other work that uses a lent slot (a read of the graph's output, another graph) makes it present
+// first: the thread waits until the executor has finished the launches in flight, then the slot
+// is mapped and its data copied back, and the next launch takes the data from the device.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph_scan.h"
+
+namespace vaswap {
+
+struct Slot;
+
+namespace inside {
+
+enum class Mode { off, automatic, on };
+
+struct Settings {
+  Mode mode = Mode::automatic;
+  size_t lead = 8, min_gap = 4;
+  uint64_t budget_bytes = 0;  // residency.budget; 0: auto (the automatic mode then rewrites none)
+  uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
+};
+
+void configure(const Settings& settings);
+bool enabled();
+
+// At the instantiation of `graph`, which uses `slots` (its scan, with nodes: `scan.order`):
+// the rewritten copy to instantiate instead, or nullptr to instantiate it as captured (`why`
+// then says why, where there is something to say). `shared(slot)`: another executable uses it.
+CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
+                const std::function<bool(const Slot*)>& shared, std::string* why);
+// The copy prepare() gave was instantiated as `exec` (nullptr: the instantiation failed). The
+// copy is destroyed here.
+void instantiated(CUgraph rewritten, CUgraphExec exec);
+// The slots lent to `exec`'s windows: its launches do not make them resident (its own nodes
+// do). Empty before its first launch.
+std::vector<Slot*> lent_to(CUgraphExec exec);
+
+// A launch of `exec` on `stream`, after residency made its other slots resident and before the
+// real launch: the first one lends its slots; lent slots on the device hand their data to the
+// launch (a D2H on `stream`, which the graph's first restore copies back). CUDA_SUCCESS, or an
+// error with `message` (nothing is lent then).
+CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
+// After the real launch: `enqueued` ones are followed by the executor.
+void launch_returned(CUgraphExec exec, bool enqueued);
+
+// Other work is about to use `slots`: those lent and off the device are brought back first (this
+// thread waits, bounded by residency.wait_limit). Returns the slots that are not lent; on
+// failure `rc` and `message` say why.
+std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
+
+// `exec` is about to be destroyed: its launches finish, its slots get their pages and data back
+// and return to residency.
+void exec_destroyed(CUgraphExec exec);
+// `slot` is about to be destroyed: it gets its pages back (for residency to free) and its
+// windows do nothing from now on.
+void forget(Slot* slot);
+
+struct Stats {
+  uint64_t graphs = 0;   // executables made from rewritten graphs
+  uint64_t windows = 0;  // their windows
+  uint64_t lent_slots = 0, lent_bytes = 0;
+  uint64_t launches = 0;  // launches whose windows the executor finished
+  uint64_t releases = 0, restores = 0;
+  uint64_t moved_bytes = 0;     // D2H bytes of the finished launches' windows
+  uint64_t peak_lent_held = 0;  // the most pages lent slots held at once
+  uint64_t on_demand = 0;       // lent slots other work brought back
+  double on_demand_wait_us = 0;
+  uint64_t failures = 0;  // unmaps that failed (the slot kept its pages)
+  // Restores that waited for a release of their launch to make room within the reserve (the
+  // graph waits on the device meanwhile), and for how long in all.
+  uint64_t room_waits = 0;
+  double room_wait_us = 0;
+};
+Stats stats();
+
+}  // namespace inside
+}  // namespace vaswap

@@ -1,0 +1,147 @@
+#include "transform/graph_rewrite.h"
+
+#include <string>
+
+#include "errors.h"
+
+namespace vaswap {
+
+namespace {
+
+// The clone being built; destroyed unless handed out.
+class Clone {
+ public:
+  Clone(const Driver& driver, CUgraph graph) : driver_(driver) {
+    call(driver_.cuGraphClone(&graph_, graph), "cuGraphClone", "the captured graph");
+  }
+  Clone(const Clone&) = delete;
+  Clone& operator=(const Clone&) = delete;
+  ~Clone() {
+    if (graph_ != nullptr) driver_.cuGraphDestroy(graph_);
+  }
+  CUgraph get() const { return graph_; }
+  CUgraph release() {
+    CUgraph g = graph_;
+    graph_ = nullptr;
+    return g;
+  }
+
+  void call(CUresult rc, const char* what, const std::string& subject) const {
+    if (rc != CUDA_SUCCESS) {
+      fail(VASWAP_ERROR_CUDA,
+           cuda_failure(what, rc, subject + ", rewriting a graph for offload inside it"));
+    }
+  }
+
+ private:
+  const Driver& driver_;
+  CUgraph graph_ = nullptr;
+};
+
+CUDA_MEMCPY3D copy_params(const RewriteSlot& slot, bool to_host) {
+  CUDA_MEMCPY3D p{};
+  if (to_host) {
+    p.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = slot.va;
+    p.dstMemoryType = CU_MEMORYTYPE_HOST;
+    p.dstHost = slot.host;
+  } else {
+    p.srcMemoryType = CU_MEMORYTYPE_HOST;
+    p.srcHost = slot.host;
+    p.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = slot.va;
+  }
+  p.WidthInBytes = slot.bytes;
+  p.srcPitch = slot.bytes;
+  p.dstPitch = slot.bytes;
+  p.srcHeight = 1;
+  p.dstHeight = 1;
+  p.Height = 1;
+  p.Depth = 1;
+  return p;
+}
+
+}  // namespace
+
+CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<ScannedNode>& order,
+                      const windows::Choice& choice, const std::vector<RewriteSlot>& slots,
+                      const std::vector<WindowFlags>& flags, CUcontext context,
+                      const std::function<void(size_t, const std::function<void()>&)>& with_pages) {
+  Clone clone(driver, graph);
+  std::vector<CUgraphNode> at(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    clone.call(driver.cuGraphNodeFindInClone(&at[i], order[i].node, clone.get()),
+               "cuGraphNodeFindInClone", "node " + std::to_string(i));
+  }
+  auto nodes_at = [&](const std::vector<size_t>& positions) {
+    std::vector<CUgraphNode> out;
+    out.reserve(positions.size());
+    for (size_t p : positions) out.push_back(at[p]);
+    return out;
+  };
+  auto memop = [&](const std::vector<CUgraphNode>& deps, std::vector<CUstreamBatchMemOpParams> ops,
+                   const std::string& subject) {
+    CUDA_BATCH_MEM_OP_NODE_PARAMS params{};
+    params.ctx = context;
+    params.count = static_cast<unsigned>(ops.size());
+    params.paramArray = ops.data();
+    CUgraphNode node = nullptr;
+    clone.call(
+        driver.cuGraphAddBatchMemOpNode(&node, clone.get(), deps.data(), deps.size(), &params),
+        "cuGraphAddBatchMemOpNode", subject);
+    return node;
+  };
+  auto write_one = [](CUdeviceptr address) {
+    CUstreamBatchMemOpParams op{};
+    op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = address;
+    op.writeValue.value = 1;
+    op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    return op;
+  };
+  for (size_t k = 0; k < choice.windows.size(); ++k) {
+    const windows::Window& w = choice.windows[k];
+    const RewriteSlot& slot = slots.at(w.candidate);
+    const WindowFlags& f = flags.at(k);
+    const std::string subject = "window " + std::to_string(k) + " of the slot at " + hex(slot.va);
+    // Release: D2H after the uses before the gap, then `released`.
+    const std::vector<CUgraphNode> before = nodes_at(w.before);
+    CUDA_MEMCPY3D out = copy_params(slot, true);
+    CUDA_MEMCPY3D in = copy_params(slot, false);
+    CUgraphNode d2h = nullptr;
+    with_pages(w.candidate, [&] {
+      clone.call(driver.cuGraphAddMemcpyNode(&d2h, clone.get(), before.data(), before.size(), &out,
+                                             context),
+                 "cuGraphAddMemcpyNode", subject + " (D2H)");
+    });
+    const CUgraphNode released = memop({d2h}, {write_one(f.released)}, subject + " (released)");
+    // Restore: `trigger` after the trigger position (and, within a launch, after the release).
+    std::vector<CUgraphNode> trigger_deps;
+    if (!w.trigger_at_start) trigger_deps.push_back(at[w.trigger]);
+    if (!w.wrap) trigger_deps.push_back(released);
+    const CUgraphNode trigger = memop(trigger_deps, {write_one(f.trigger)}, subject + " (trigger)");
+    CUstreamBatchMemOpParams wait{};
+    wait.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wait.waitValue.address = f.mapped;
+    wait.waitValue.value = 1;
+    wait.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    CUstreamBatchMemOpParams clear{};
+    clear.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    clear.writeValue.address = f.mapped;
+    clear.writeValue.value = 0;
+    const CUgraphNode mapped = memop({trigger}, {wait, clear}, subject + " (wait for the map)");
+    CUgraphNode h2d = nullptr;
+    with_pages(w.candidate, [&] {
+      clone.call(driver.cuGraphAddMemcpyNode(&h2d, clone.get(), &mapped, 1, &in, context),
+                 "cuGraphAddMemcpyNode", subject + " (H2D)");
+    });
+    const std::vector<CUgraphNode> after = nodes_at(w.after);
+    const std::vector<CUgraphNode> from(after.size(), h2d);
+    clone.call(driver.cuGraphAddDependencies(clone.get(), from.data(), after.data(), nullptr,
+                                             after.size()),
+               "cuGraphAddDependencies", subject + " (the uses after the gap)");
+  }
+  return clone.release();
+}
+
+}  // namespace vaswap

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Offload inside one graph (issue 14) over the simulator: the demo with --graph whole (one graph
+# per step: every layer's forward and backward, the copies between layers, gradient accumulation
+# and the update; 32 slots of one 2 MiB page each, captured).
+#   1. Without vaswap, --graph whole gives the per-layer demo's checksum.
+#   2. inside.mode=on: the graph is rewritten with windows; same checksum; each launch's windows
+#      are carried out (releases and restores); the slots hold at most half their bytes at once
+#      (the executor's peak); after the first launches the application's thread never waits for
+#      a restore (no restore_wait with host_wait, the output's one read brought back once only).
+#   3. Capacity: a 100 MiB device, where the whole graph runs out of memory without vaswap, runs
+#      it under residency.budget=28MiB (automatic mode: only the windows the budget needs), same
+#      checksum, the lent slots within the reserve.
+#   4. Fallbacks: without stream memory operations the graph is instantiated as captured, said
+#      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
+#      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
+#      before any wait).
+#   5. A map that fails once (out of memory) is retried: same checksum. A map that hangs in the
+#      driver past residency.wait_limit ends the process with exit status 70 and names it.
+# Usage: inside_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+source "$src/tests/integration/preload_common.sh"
+demo=$build/bin/train_layers
+base="selection.min_bytes=1MiB,residency.wait_limit=20s"
+
+want=$("$demo" --quiet --steps 20)
+[[ "$want" == checksum* ]] || fail "the per-layer demo failed"
+got=$("$demo" --quiet --steps 20 --graph whole) || fail "--graph whole failed without vaswap"
+[[ "$got" == "$want" ]] || fail "--graph whole gives '$got', per layer '$want'"
+echo "ok   without vaswap, one graph per step gives the per-layer checksum: $got"
+
+# whole NAME CONF [ENV...]: the whole-graph demo under vaswap must give `want`.
+whole() {
+  local name=$1 conf=$2
+  shift 2
+  got=$(
+    for setting in "$@"; do export "${setting?}"; done
+    VASWAP_CONF="$conf,log.level=info" \
+      run --trace "$tmp/$name.jsonl" -- "$demo" --quiet --steps 20 --graph whole 2>"$tmp/err"
+  ) || fail "$name: the whole-graph demo failed under vaswap"
+  [[ "$got" == "$want" ]] || fail "$name: checksum '$got', without vaswap '$want'"
+  echo "ok   $name: $got"
+}
+
+# check NAME PYTHON: assertions on the exit summary `s`, the events `ev`, the rewrite `rw`.
+check() {
+  python3 - "$tmp/$1.jsonl" <<PY || fail "$1"
+import json, sys
+ev = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+s = next(e for e in ev if e["ev"] == "summary")
+rw = [e for e in ev if e["ev"] == "graph_rewrite"]
+launches = [e["t_ns"] for e in ev if e["ev"] == "graph_launch"]
+MiB = 1 << 20
+$2
+PY
+}
+
+# 2. Every gap.
+whole on "$base,inside.mode=on"
+check on '
+assert len(rw) == 1 and rw[0]["windows"] > 0 and rw[0]["slots"] == 32, rw
+assert s["inside_graphs"] == 1 and s["inside_lent_slots"] == 32, s
+assert s["inside_launches"] == 20, s  # every launch carried out
+assert s["inside_releases"] >= 20 * 16 and s["inside_restores"] >= 20 * 16, s
+assert s["inside_peak_held"] * 2 <= s["inside_lent_bytes"], s  # at least half away at the peak
+assert s["errors"] == 0 and s["inside_failures"] == 0, s
+late = launches[2]
+waits = [e for e in ev if e["ev"] == "restore_wait" and e.get("host_wait") and e["t_ns"] > late]
+demands = [e for e in ev if e["ev"] == "inside_demand"]
+assert not waits, waits
+assert len(demands) <= 1, demands  # the last output read once; then it stays on the device
+away = 1 - s["inside_peak_held"] / s["inside_lent_bytes"]
+windows, releases, restores = rw[0]["windows"], s["inside_releases"], s["inside_restores"]
+print(f"     {windows} windows; {away:.0%} of the slots away at their peak; "
+      f"{releases} releases, {restores} restores, 0 host waits")
+'
+grep -q "rewritten with" "$tmp/err" || fail "the log does not say the graph was rewritten"
+
+# 3. Capacity: does not fit without vaswap.
+if VASWAP_SIM_DEVICE_MEMORY=100MiB "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"; then
+  fail "the whole graph fits a 100 MiB device without vaswap: the test proves nothing"
+fi
+grep -q "cudaErrorMemoryAllocation" "$tmp/err" || fail "without vaswap: not an out-of-memory"
+echo "ok   without vaswap the whole graph runs out of memory on a 100 MiB device"
+whole capacity "$base,residency.budget=28MiB,inside.lead=2" VASWAP_SIM_DEVICE_MEMORY=100MiB
+check capacity '
+assert len(rw) == 1 and rw[0]["held_peak"] <= 28 * MiB < rw[0]["held_without"], rw
+assert s["inside_peak_held"] <= 28 * MiB, s
+assert s["oom_launches"] == 0 and s["errors"] == 0, s
+held, without = s["inside_peak_held"] / MiB, rw[0]["held_without"] / MiB
+print(f"     slots held at most {held:.0f} MiB of {without:.0f}")
+'
+
+# 4. Fallbacks.
+whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
+check no_memops 'assert not rw and s["inside_graphs"] == 0, (rw, s)'
+[[ $(grep -c "is instantiated as captured" "$tmp/err") == 1 ]] || fail "no_memops: not said once"
+grep "is instantiated as captured" "$tmp/err" | grep -q "warning" || fail "no_memops: not a warning"
+whole one_queue "$base,inside.mode=on" CUDA_DEVICE_MAX_CONNECTIONS=1
+check one_queue 'assert s["inside_launches"] == 20 and s["inside_restores"] > 0, s'
+
+# 5. Failed and stuck maps.
+whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2
+grep -q "injected fault: cuMemCreate" "$tmp/err" || fail "map_fails: the fault was not injected"
+set +e
+VASWAP_SIM_FAULTS=cuMemCreate:300:-5000 \
+  VASWAP_CONF="selection.min_bytes=1MiB,residency.wait_limit=1s,inside.mode=on" \
+  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc == 70 ]] || fail "a map stuck in the driver: exit status $rc, not 70"
+grep -q "the executor has been mapping slot" "$tmp/err" || fail "a stuck map is not named"
+echo "ok   a map stuck in the driver past the wait limit: exit 70, named"

@@ -1,0 +1,131 @@
+// The in-graph schedule (core/plan/graph_windows.h): which gaps between a slot's uses inside one
+// launch it spends off the device, and what it holds at once then.
+#include "plan/graph_windows.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace vaswap::windows {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+Candidate slot(uint64_t mib, std::vector<size_t> uses) { return Candidate{mib * kMiB, uses}; }
+
+Settings every(size_t lead, size_t min_gap) {
+  Settings s;
+  s.lead = lead;
+  s.min_gap = min_gap;
+  return s;
+}
+
+TEST(GraphWindows, AnActivationLeavesBetweenForwardAndBackward) {
+  // Used at 2 (forward) and 17 (backward) of 20 positions.
+  const Choice c = choose({slot(64, {2, 17})}, 20, every(3, 2));
+  ASSERT_EQ(2u, c.windows.size());
+  const Window& wrap = c.windows[0];
+  const Window& inner = c.windows[1];
+  EXPECT_TRUE(wrap.wrap);
+  EXPECT_FALSE(inner.wrap);
+  EXPECT_EQ(2u, inner.release_after);
+  EXPECT_EQ(17u, inner.restore_before);
+  EXPECT_EQ(14u, inner.trigger);  // lead 3 ahead of the next use
+  EXPECT_EQ(std::vector<size_t>{2}, inner.before);
+  EXPECT_EQ(std::vector<size_t>{17}, inner.after);
+  // The wrap: from the last use (17) to the first (2) of the next launch, mapped at the start
+  // (2 is within the lead of it).
+  EXPECT_EQ(17u, wrap.release_after);
+  EXPECT_EQ(2u, wrap.restore_before);
+  EXPECT_TRUE(wrap.trigger_at_start);
+  EXPECT_EQ(std::vector<size_t>{17}, wrap.before);
+  EXPECT_EQ(std::vector<size_t>{2}, wrap.after);
+  EXPECT_EQ(64 * kMiB, c.total_bytes);
+  EXPECT_EQ(64 * kMiB, c.peak_bytes);  // held from 0 to 2 and from 14 on: alone, always 64
+  EXPECT_EQ(128 * kMiB, c.moved_bytes);
+}
+
+TEST(GraphWindows, PagesFreedEarlyBackASlotUsedLater) {
+  // a is used at 0 and 1 only, b at 8 and 9 only: with windows they never hold pages together.
+  const Choice c = choose({slot(32, {0, 1}), slot(32, {8, 9})}, 10, every(2, 1));
+  EXPECT_EQ(64 * kMiB, c.total_bytes);
+  EXPECT_EQ(32 * kMiB, c.peak_bytes);
+  for (const Window& w : c.windows) EXPECT_TRUE(w.wrap);
+  ASSERT_EQ(2u, c.windows.size());
+  EXPECT_EQ(6u, c.windows[1].trigger);  // b is mapped again 2 positions ahead of its use
+}
+
+TEST(GraphWindows, GapsShorterThanLeadAndMinimumStay) {
+  // Uses 3 apart: with lead 2 and min_gap 2 the slot would be away for 1 position only.
+  const Choice c = choose({slot(8, {0, 3, 6, 9})}, 10, every(2, 2));
+  EXPECT_TRUE(c.windows.empty());
+  EXPECT_EQ(8 * kMiB, c.peak_bytes);
+  // With min_gap 1 each gap qualifies (away 1 position each).
+  const Choice d = choose({slot(8, {0, 3, 6, 9})}, 10, every(2, 1));
+  EXPECT_EQ(3u, d.windows.size());
+}
+
+TEST(GraphWindows, ATargetTakesOnlyTheWindowsThatCoverThePeak) {
+  // a is used at the start, c in the middle, b at the end: 96 MiB held throughout without
+  // windows. Aiming at 64 MiB takes two of the three wrap windows, not all of them.
+  Settings s = every(1, 1);
+  s.target = 64 * kMiB;
+  const Choice c = choose({slot(32, {0, 1}), slot(32, {8, 9}), slot(32, {4})}, 10, s);
+  EXPECT_EQ(96 * kMiB, c.total_bytes);
+  EXPECT_EQ(64 * kMiB, c.peak_bytes);
+  ASSERT_EQ(2u, c.windows.size());
+  EXPECT_EQ(64 * kMiB, c.moved_bytes);
+  // Without a target every window is taken, and the slots hold 32 MiB at most.
+  const Choice all = choose({slot(32, {0, 1}), slot(32, {8, 9}), slot(32, {4})}, 10, every(1, 1));
+  EXPECT_EQ(3u, all.windows.size());
+  EXPECT_EQ(32 * kMiB, all.peak_bytes);
+}
+
+TEST(GraphWindows, OneLongWindowBeatsBiggerShortOnesThatMoveMoreBytes) {
+  // c is used throughout. a (32 MiB) is idle from 5 to 14; b (48 MiB) too, but used at 10.
+  // Aiming at 80 MiB over positions 5 to 14 takes a's one window (32 MiB moved), not b's two
+  // (96 MiB moved), though b's are bigger.
+  std::vector<size_t> a_uses{0, 1, 2, 3, 4, 15, 16, 17, 18, 19};
+  std::vector<size_t> b_uses{0, 1, 2, 3, 4, 10, 15, 16, 17, 18, 19};
+  std::vector<size_t> c_uses(20);
+  for (size_t i = 0; i < 20; ++i) c_uses[i] = i;
+  Settings s = every(1, 1);
+  s.target = 80 * kMiB;
+  const Choice c = choose({slot(32, a_uses), slot(48, b_uses), slot(32, c_uses)}, 20, s);
+  ASSERT_EQ(1u, c.windows.size());
+  EXPECT_EQ(0u, c.windows[0].candidate);
+  EXPECT_EQ(32 * kMiB, c.moved_bytes);
+  EXPECT_EQ(112 * kMiB, c.peak_bytes);  // where all three are used, nothing comes down
+}
+
+TEST(GraphWindows, ATargetTooLowForTheWindowsGetsAsLowAsTheyGo) {
+  Settings s = every(1, 1);
+  s.target = 1;
+  // Both used at every position but one: the peak cannot go below 64 MiB at positions used.
+  const Choice c = choose({slot(32, {0, 1, 2, 3}), slot(32, {0, 1, 2, 3})}, 4, s);
+  EXPECT_EQ(64 * kMiB, c.peak_bytes);
+  EXPECT_TRUE(c.windows.empty());
+}
+
+TEST(GraphWindows, SegmentsSplitTheUsesBetweenWindows) {
+  // Uses at 0, 1 | gap | 10, 11 | gap | 20: the middle window's before are 10 and 11, after 20.
+  const Choice c = choose({slot(4, {0, 1, 10, 11, 20})}, 22, every(2, 2));
+  std::vector<const Window*> inner;
+  for (const Window& w : c.windows) {
+    if (!w.wrap) inner.push_back(&w);
+  }
+  ASSERT_EQ(2u, inner.size());
+  EXPECT_EQ((std::vector<size_t>{0, 1}), inner[0]->before);
+  EXPECT_EQ((std::vector<size_t>{10, 11}), inner[0]->after);
+  EXPECT_EQ((std::vector<size_t>{10, 11}), inner[1]->before);
+  EXPECT_EQ((std::vector<size_t>{20}), inner[1]->after);
+}
+
+TEST(GraphWindows, NoPositionsNoWindows) {
+  const Choice c = choose({}, 0, every(1, 1));
+  EXPECT_TRUE(c.windows.empty());
+  EXPECT_EQ(0u, c.peak_bytes);
+}
+
+}  // namespace
+}  // namespace vaswap::windows
