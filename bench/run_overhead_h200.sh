@@ -10,17 +10,26 @@
 #                 where nothing can be offloaded (one graph per iteration), with the default
 #                 selection (allocations made during a capture) and with every allocation above
 #                 selection.min_bytes a slot (selection.captured_only=false), which is what CUDA
-#                 graph trees' pools need, since they allocate while warming up.
+#                 graph trees' pools need, since they allocate while warming up;
+#   torch_whole:  graphed_layers.py as torch_layers, but one whole-iteration torch.cuda.graph
+#                 (forward, backward and optimizer step), under INSIDE_CONF (default
+#                 inside.mode=on: every gap inside the graph offloaded);
+#   demo_whole:   the static-cudart demo with --graph whole (one graph per step), under
+#                 INSIDE_CONF too.
 # Each program runs RUNS times without vaswap and RUNS times under it, alternating, on one machine.
 # Per run: the median step after the first SKIP steps; the table gives the median over runs, each
 # run's figure, whether the losses (checksum) equal the run without vaswap, and from each vaswap
 # run's trace: host waits for restores after the plan came into force (restore_wait events with
 # host_wait), evictions, evictions called off by a restore before the unmap (reclaims), and the
-# device memory freed in steady state (the exit summary's peak without releases minus its peak).
+# device memory freed in steady state (the exit summary's peak without releases minus its peak),
+# and for rewritten graphs the share of the lent slots' bytes (the graph pool's) away from the
+# device at their peak (1 - the executor's peak held / the bytes lent).
 # Usage: bash bench/run_overhead_h200.sh [torch_layers] [demo] [torch_compile] [torch_compile_all]
+#   [torch_whole] [demo_whole]
 #   (default: the first two)
 # Environment: RUNS (3), STEPS (20), SKIP (5), TORCH_BUDGET (3GiB), DEMO_BUDGET (512MiB),
-#   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda).
+#   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda),
+#   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run).
 # Writes $OUT (else bench/results)/overhead_h200.md (the table, with its command) and
 # overhead_h200_runs.tar.gz (outputs, JSON and traces).
 set -uo pipefail
@@ -40,10 +49,10 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
-  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits after the plan (per run) | evictions / reclaims (per run) | freed in steady state (MiB) |"
-  echo "|---|---|---|---|---:|---|---|---|---|---|"
+  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits after the plan (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
+  echo "|---|---|---|---|---:|---|---|---|---|---|---|"
 } >"$md"
 status=0
 for program in "${programs[@]}"; do
@@ -57,6 +66,15 @@ for program in "${programs[@]}"; do
       cmd=("$demo_bin" --layers 8 --elems 8388608 --steps "$steps" --quiet)
       conf="selection.captured_only=false,residency.budget=${DEMO_BUDGET:-512MiB}"
       ;;
+    torch_whole)
+      cmd=(python3 examples/pytorch/graphed_layers.py --layers 8 --batch 8 --seq 1024 --d-model 2048
+        --dtype bfloat16 --sdpa default --graph iteration --steps "$steps")
+      conf="${INSIDE_CONF:-inside.mode=on}"
+      ;;
+    demo_whole)
+      cmd=("$demo_bin" --layers 8 --elems 8388608 --graph whole --steps "$steps" --quiet)
+      conf="${INSIDE_CONF:-inside.mode=on}"
+      ;;
     torch_compile | torch_compile_all)
       cmd=(python3 examples/pytorch/graphed_layers.py --layers 8 --graph compile --steps "$steps")
       conf=""
@@ -65,9 +83,9 @@ for program in "${programs[@]}"; do
     *) echo "run_overhead_h200.sh: unknown program $program" >&2; exit 2 ;;
   esac
   for i in $(seq 1 "$runs"); do
-    timeout 300 "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
+    timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
       { echo "$program plain run $i failed"; status=1; }
-    VASWAP_CONF="${conf:+$conf,}log.level=info" timeout 300 scripts/vaswap run --library "$lib" \
+    VASWAP_CONF="${conf:+$conf,}log.level=info" timeout "${RUN_TIMEOUT:-300}" scripts/vaswap run --library "$lib" \
       --trace "$runs_dir/${program}_vaswap_$i.jsonl" -- "${cmd[@]}" --out "$runs_dir/${program}_vaswap_$i.json" \
       >"$runs_dir/${program}_vaswap_$i.txt" 2>"$runs_dir/${program}_vaswap_$i.err" ||
       { echo "$program vaswap run $i failed: $(grep -m2 error "$runs_dir/${program}_vaswap_$i.err")"; status=1; }
@@ -90,7 +108,7 @@ under = [med(f"{program}_vaswap_{i}") for i in range(1, runs + 1)]
 key = "losses" if "losses" in load(f"{program}_plain_1") else "checksum"
 same = all(load(f"{program}_plain_{i}")[key] == load(f"{program}_vaswap_{i}")[key]
            for i in range(1, runs + 1))
-waits, moved, freed, slots = [], [], [], []
+waits, moved, freed, slots, inside = [], [], [], [], []
 for i in range(1, runs + 1):
     ev = events(f"{program}_vaswap_{i}")
     plans = [e["t_ns"] for e in ev if e["ev"] == "plan"]
@@ -101,13 +119,16 @@ for i in range(1, runs + 1):
     moved.append(f"{s['evictions']} / {s.get('reclaims', 0)}")
     slots.append(s["slots"])
     freed.append((s["peak_without_releases"] - s["peak_used"]) >> 20)
+    lent = s.get("inside_lent_bytes", 0)
+    inside.append(f"{lent >> 20}, {100 * (1 - s['inside_peak_held'] / lent):.0f}%, "
+                  f"{s['inside_on_demand']}, {s.get('inside_room_waits', 0)}" if lent else "-")
 p, u = statistics.median(plain), statistics.median(under)
 print(f"| {program} | `{policy or 'the default policy'}` | "
       f"{p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
       f"{u:.2f} ({', '.join(f'{x:.2f}' for x in under)}) | {100 * (u / p - 1):+.1f}% | "
       f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, sorted(set(slots))))} | "
       f"{', '.join(map(str, waits))} | "
-      f"{', '.join(moved)} | {', '.join(map(str, freed))} |")
+      f"{', '.join(moved)} | {', '.join(map(str, freed))} | {'; '.join(inside)} |")
 sys.exit(0 if same else 1)
 PY
   tail -1 "$md"

@@ -71,9 +71,13 @@ def main():
                    help="leave the job this much device memory: hold the rest of what is free "
                         "(one cudaMallocAsync block, made before the model, never a slot) as a "
                         "smaller GPU would")
-    p.add_argument("--graph", choices=("per-layer", "whole", "compile"), default="per-layer",
+    p.add_argument("--graph", choices=("per-layer", "whole", "iteration", "compile"),
+                   default="per-layer",
                    help="per-layer: one forward and one backward graph per layer (the default); "
-                        "whole: all layers graphed together, one graph each way; compile: all "
+                        "whole: all layers graphed together, one graph each way; iteration: one "
+                        "torch.cuda.graph for the whole training step (forward, loss, backward "
+                        "and optimizer step), replayed with new data copied into its static "
+                        "inputs; compile: all "
                         "layers through torch.compile(mode='reduce-overhead'), whose CUDA graph "
                         "trees allocate their pool's segments while warming up")
     p.add_argument("--pool", choices=("shared", "own"), default="shared",
@@ -87,6 +91,8 @@ def main():
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    if args.graph == "iteration" and world > 1:
+        p.error("--graph iteration runs on one rank (its step has no all-reduce)")
     if world > 1:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -129,6 +135,8 @@ def main():
                         for layer, sample in zip(layers, samples))
     elif args.graph == "whole":
         graphed = (torch.cuda.make_graphed_callables(torch.nn.Sequential(*layers), samples[0]),)
+    elif args.graph == "iteration":
+        graphed = ()
     else:
         graphed = (torch.compile(torch.nn.Sequential(*layers), mode="reduce-overhead"),)
 
@@ -136,6 +144,24 @@ def main():
     data_rng.manual_seed(args.seed + 1000 * rank)  # each rank its own data
     data = torch.randn((args.steps,) + shape, device=device, dtype=dtype, generator=data_rng)
     target = torch.randn((args.steps,) + shape, device=device, dtype=dtype, generator=data_rng)
+    if args.graph == "iteration":
+        # PyTorch's whole-network capture: warm up on a side stream, then capture one step.
+        model = torch.nn.Sequential(*layers, head)
+        static_x = torch.zeros(shape, device=device, dtype=dtype)
+        static_t = torch.zeros(shape, device=device, dtype=dtype)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(static_x), static_t).backward()
+        torch.cuda.current_stream().wait_stream(side)
+        iteration = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(iteration):
+            static_loss = torch.nn.functional.mse_loss(model(static_x), static_t)
+            static_loss.backward()
+            optimizer.step()
     losses, step_ms = [], []
     least_free = torch.cuda.mem_get_info()[0]
     torch.cuda.synchronize()
@@ -143,6 +169,16 @@ def main():
     for step in range(args.steps):
         step_start = time.perf_counter()
         x = data[step]
+        if args.graph == "iteration":
+            static_x.copy_(x)
+            static_t.copy_(target[step])
+            iteration.replay()
+            value = static_loss.item()  # waits for the step
+            step_ms.append(1e3 * (time.perf_counter() - step_start))
+            least_free = min(least_free, torch.cuda.mem_get_info()[0])
+            losses.append(value.hex())
+            print(f"step {step:3d} loss {value.hex()} ({value:.6f})", flush=True)
+            continue
         if args.graph == "compile":
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: its graphs may replay
         for layer in graphed:
