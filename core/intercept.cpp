@@ -811,6 +811,15 @@ void exec_facts_changed(const Call& call, CUgraphExec exec, const ExecFacts& fac
 
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph) {
   Tables& t = tables();
+  // A rewritten graph updated from another graph (the driver allows it only where the nodes
+  // match) no longer runs the windows its executor follows: its slots come back and return to
+  // residency before its next launch (launches in flight keep the graph they started with). One
+  // whose node changed keeps its windows, with nothing unmapped any more.
+  if (graph) {
+    inside::exec_destroyed(exec);
+  } else {
+    inside::node_changing(exec);
+  }
   ExecFacts facts;
   if (graph) {
     // cudaGraphExecUpdate: the executable now runs this graph's nodes.
@@ -906,7 +915,7 @@ void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const 
     if (it != t.execs.end()) ordinal = it->second.ordinal;
   }
   if (ticket.acquired.slots.empty() && stream_capturing(stream)) return;
-  inside::launch_returned(exec, enqueued);
+  inside::launch_returned(exec, stream, enqueued);
   if (!enqueued) {
     residency::used(ticket.acquired);  // nothing ran: only the slots' pins go
     return;
@@ -1134,9 +1143,12 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
   return hand_to_planner(call, stream, slots, residency::Checked::when_run);
 }
 
+CUgraphNode exec_node(CUgraphExec exec, CUgraphNode node) { return inside::node_in(exec, node); }
+
 void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
                          void** extra) {
   Tables& t = tables();
+  inside::node_changing(exec);
   bool opaque = kernel.key == nullptr || (params == nullptr && extra == nullptr);
   std::vector<Slot*> added;
   if (!opaque) added = kernel_slots(call, kernel, params, extra, &opaque);

@@ -100,6 +100,9 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph ins
 // An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
+// Before the real cudaGraphExec*NodeSetParams: the node to name (the program names a node of
+// the captured graph; an executable made from a rewritten copy has its counterpart there).
+CUgraphNode exec_node(CUgraphExec exec, CUgraphNode node);
 // What a launch holds from before the real call to after it. Not ok: the launch must not happen
 // (its slots cannot fit the residency budget); the hook returns the API's out-of-memory error.
 using Ticket = planner::Ticket;

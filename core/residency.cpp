@@ -1425,7 +1425,10 @@ bool Residency::lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vec
       e.mapped = false;
       e.marks.clear();
     }
+    // The reserve stands for what the executor maps (an auto budget reads the device's free
+    // memory, which its pages take, and adds back what slots hold).
     d.committed += reserve;
+    d.physical += reserve;
     d.lent += reserve;
   }
   changed_.notify_all();
@@ -1452,6 +1455,7 @@ void Residency::take_back(int device, const std::vector<Slot*>& slots, uint64_t 
     if (reserve > 0) {
       Device& d = device_locked(device);
       d.committed -= std::min(reserve, d.committed);
+      d.physical -= std::min(reserve, d.physical);
       d.lent -= std::min(reserve, d.lent);
     }
   }
@@ -1891,9 +1895,10 @@ void Residency::run_watchdog() {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (lock.owns_lock()) {
       for (const auto& [ordinal, d] : devices_) {
-        log().debug("device {}: committed {} physical {} jobs {} unmaps {} ({} in flight)", ordinal,
-                    d->committed, d->physical, d->jobs.size(), d->unmaps.size(),
-                    d->unmaps_in_flight);
+        log().debug(
+            "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight)",
+            ordinal, d->committed, d->physical, d->lent, d->jobs.size(), d->unmaps.size(),
+            d->unmaps_in_flight);
         for (const Job& job : d->jobs) {
           size_t open = 0, running = 0;
           for (const MarkRef& m : job.waits) {

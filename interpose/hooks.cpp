@@ -526,7 +526,9 @@ struct ExecChange<R (*)(E, N, Rest...)> {
   R operator()(E exec, N node, Rest... rest) const {
     if (!handle()) return real(exec, node, rest...);
     Scope scope;
-    const R rc = real(exec, node, rest...);
+    const N named = reinterpret_cast<N>(intercept::exec_node(reinterpret_cast<CUgraphExec>(exec),
+                                                             reinterpret_cast<CUgraphNode>(node)));
+    const R rc = real(exec, named, rest...);
     if (rc == R{}) intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
     return rc;
   }
@@ -545,7 +547,9 @@ struct ExecKernelChange<R (*)(E, N, const P*)> {
   R operator()(E exec, N node, const P* params) const {
     if (!handle()) return real(exec, node, params);
     Scope scope;
-    const R rc = real(exec, node, params);
+    const N named = reinterpret_cast<N>(intercept::exec_node(reinterpret_cast<CUgraphExec>(exec),
+                                                             reinterpret_cast<CUgraphNode>(node)));
+    const R rc = real(exec, named, params);
     if (rc != R{}) return rc;
     if (params == nullptr) {
       intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);

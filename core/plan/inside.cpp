@@ -52,6 +52,16 @@ struct Lent {
 // An executable made from a rewritten graph.
 struct Rewritten {
   CUgraphExec exec = nullptr;
+  // The rewritten copy it was instantiated from, kept: the program names nodes of the captured
+  // graph when it changes one in the executable, and its node in the copy is found through it.
+  CUgraph clone = nullptr;
+  // The program changed a node: what it uses may have changed, so nothing is unmapped any more
+  // (every slot stays on the device; the windows still copy and signal).
+  bool disabled = false;
+  // A thread works on its slots with the lock released (driver calls that wait): the executor and
+  // other threads leave the graph alone until it is done (`moving` false, done_ notified).
+  bool moving = false;
+  CUevent finished = nullptr;  // recorded after each of its launches: its device work is over
   int device = 0;
   CUcontext context = nullptr;
   std::vector<Lent> slots;
@@ -94,13 +104,17 @@ class Inside {
   void instantiated(CUgraph rewritten, CUgraphExec exec);
   std::vector<Slot*> lent_to(CUgraphExec exec);
   CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
-  void launch_returned(CUgraphExec exec, bool enqueued);
+  void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued);
   std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
   void exec_destroyed(CUgraphExec exec);
+  void node_changing(CUgraphExec exec);
+  CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
   void forget(Slot* slot);
   Stats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
+    Stats out = stats_;
+    out.failures = failures_.load();
+    return out;
   }
 
  private:
@@ -111,21 +125,28 @@ class Inside {
   // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
   void map_back(Rewritten& g, Lent& lent, const char* why);
   // Maps `lent` again and copies its data back on the executor's stream (this thread waits).
-  void bring_back(Rewritten& g, Lent& lent);
-  // Copies `data` (pinned) into lent's pages on the executor's stream; this thread waits.
-  void copy_in(Rewritten& g, Lent& lent, const void* data);
-  // Copies lent's pages into its host copy the same way.
-  void copy_out(Rewritten& g, Lent& lent);
+  // Without the lock (g moving): maps lent again and copies `data` (pinned) or its host copy in
+  // on `stream`, this thread waiting; copies its pages out to its host copy the same way.
+  void bring_back(Rewritten& g, Lent& lent, CUstream stream, const void* data = nullptr);
+  void copy_in(Rewritten& g, Lent& lent, const void* data, CUstream stream);
+  void copy_out(Rewritten& g, Lent& lent, CUstream stream);
   CUstream stream_locked(Rewritten& g);
+  // Runs `work` with the lock released and g moving (see Rewritten::moving).
+  template <class Work>
+  void unlocked(std::unique_lock<std::mutex>& lock, Rewritten& g, Work work);
+  // Waits until no thread is moving g's slots; false past residency.wait_limit.
+  bool settle_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
+  // After drain_locked: waits (lock released) until g's last launch has finished on the device.
+  void finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why);
   void note_held_locked();
   // Unmaps lent's pages; a failure leaves it its pages and data (invariant 7), and says so.
-  bool release_pages_locked(Rewritten& g, Lent& lent);
+  bool release_pages(Rewritten& g, Lent& lent);
   // Whether a slot of g's launch in progress has a release still to come before its next restore.
   // `before`: releases after the last use at an earlier position only (a later one may depend
   // on the restore that waits).
   static bool release_pending_locked(const Rewritten& g, size_t before);
   // Lends g's slots (residency.h): false while one is neither resident nor unused.
-  bool lend_locked(Rewritten& g);
+  bool lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   void free_locked(Rewritten& g);
   [[noreturn]] void die(const std::string& message);
   // Ends the process when one of the executor's driver calls has lasted past
@@ -145,8 +166,9 @@ class Inside {
   std::unordered_map<int, CUstream> streams_;          // per device, for copies back
   std::unique_ptr<std::thread> thread_, watchdog_;
   std::mutex busy_mutex_;
-  std::atomic<uint64_t> wait_limit_ns_{uint64_t{60} * 1000000000};  // for watch(), lock-free
-  uint64_t busy_since_ns_ = 0;                                      // 0: no driver call in flight
+  std::atomic<uint64_t> wait_limit_ns_{uint64_t{60} * 1000000000};  // read without the lock
+  std::atomic<uint64_t> failures_{0};  // unmaps that failed (counted without the lock too)
+  uint64_t busy_since_ns_ = 0;         // 0: no driver call in flight
   std::string busy_what_;
   Stats stats_;
 };
@@ -348,6 +370,18 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
       byte_size(lent_bytes), byte_size(choice.peak_bytes), byte_size(choice.total_bytes),
       byte_size(choice.moved_bytes));
   std::lock_guard<std::mutex> lock(mutex_);
+  // Another instantiation may have taken one of them meanwhile: then this one is not rewritten.
+  for (const Lent& lent : g->slots) {
+    if (owner_.count(lent.slot) != 0) {
+      drv().cuGraphDestroy(rewritten);
+      for (Lent& other : g->slots) {
+        if (other.host != nullptr) engine().host_free(other.host);
+      }
+      drv().cuMemFreeHost(flags);
+      *why = "another instantiation took its slots";
+      return nullptr;
+    }
+  }
   for (const Lent& lent : g->slots) owner_[lent.slot] = g.get();
   any_.store(true, std::memory_order_release);
   prepared_[rewritten] = std::move(g);
@@ -364,6 +398,7 @@ void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
     prepared_.erase(it);
     if (exec != nullptr) {
       g->exec = exec;
+      g->clone = rewritten;
       ++stats_.graphs;
       stats_.windows += g->windows;
       graphs_[exec] = std::move(g);
@@ -372,8 +407,8 @@ void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
       failed = std::move(g);
     }
   }
-  drv().cuGraphDestroy(rewritten);
   if (failed) {
+    drv().cuGraphDestroy(rewritten);
     for (Lent& lent : failed->slots) {
       if (lent.host != nullptr) engine().host_free(lent.host);
     }
@@ -381,65 +416,93 @@ void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
   }
 }
 
-bool Inside::lend_locked(Rewritten& g) {
+template <class Work>
+void Inside::unlocked(std::unique_lock<std::mutex>& lock, Rewritten& g, Work work) {
+  g.moving = true;
+  lock.unlock();
+  struct Relock {
+    std::unique_lock<std::mutex>& lock;
+    Rewritten& g;
+    Inside& inside;
+    ~Relock() {
+      lock.lock();
+      g.moving = false;
+      inside.done_.notify_all();
+      inside.work_.notify_all();
+    }
+  } relock{lock, g, *this};
+  work();
+}
+
+bool Inside::settle_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
+  return done_.wait_for(lock, std::chrono::nanoseconds(wait_limit_ns_.load()),
+                        [&] { return !g.moving; });
+}
+
+bool Inside::lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
   std::vector<Slot*> slots;
   for (const Lent& lent : g.slots) {
     if (!lent.gone) slots.push_back(lent.slot);
   }
-  std::vector<residency::Lent> states;
-  if (!residency::lend(slots, g.reserve, &states)) return false;
   if (!thread_) {
     thread_ = std::make_unique<std::thread>([this] { run(); });
     watchdog_ = std::make_unique<std::thread>([this] { watch(); });
   }
-  g.lent = true;
-  size_t i = 0;
-  g.held = 0;
-  bool synchronized = false;
+  const CUstream stream = stream_locked(g);
+  bool lent_now = false;
   // The first launch starts as every later one does: slots whose launch begins with a restore
   // of the graph's leave the device now (their data to the host copy the restore reads), then
   // slots whose first use no restore precedes get their pages (and data). Waits of the first
-  // launch only.
-  for (Lent& lent : g.slots) {
+  // launch only, made without the lock: another rewritten graph may be parked on the executor.
+  unlocked(lock, g, [&] {
+    std::vector<residency::Lent> states;
+    if (!residency::lend(slots, g.reserve, &states)) return;
+    lent_now = true;
+    size_t i = 0;
+    g.held = 0;
+    bool synchronized = false;
+    for (Lent& lent : g.slots) {
+      if (lent.gone) continue;
+      const residency::Lent& state = states[i++];
+      lent.mapped = state.pages;
+      if (lent.mapped) g.held += lent.slot->mapped_bytes;
+      if (state.data != nullptr && lent.host != nullptr) {
+        std::memcpy(lent.host, state.data, lent.slot->mapped_bytes);
+      }
+      const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
+      if (lent.mapped && restored_first) {
+        if (!synchronized) {
+          // The work that wrote them may still run: the device's work ends first.
+          ContextScope scope(drv(), g.context);
+          busy("waiting for the device before a rewritten graph's first launch");
+          const CUresult rc = drv().cuCtxSynchronize();
+          idle();
+          if (rc != CUDA_SUCCESS) {
+            die(cuda_failure("cuCtxSynchronize", rc, "before a rewritten graph's first launch"));
+          }
+          synchronized = true;
+        }
+        copy_out(g, lent, stream);
+        release_pages(g, lent);
+      }
+    }
+    i = 0;
+    for (Lent& lent : g.slots) {
+      if (lent.gone) continue;
+      const residency::Lent& state = states[i++];
+      const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
+      if (lent.mapped || restored_first) continue;
+      // Its data: our host copy (filled above from residency's), or residency's own copy for a
+      // slot without windows; none for a slot never used.
+      bring_back(g, lent, stream, lent.host != nullptr ? nullptr : state.data);
+    }
+  });
+  if (!lent_now) return false;
+  g.lent = true;
+  for (const Lent& lent : g.slots) {
     if (lent.gone) continue;
-    const residency::Lent& state = states[i++];
-    lent.mapped = state.pages;
-    if (lent.mapped) g.held += lent.slot->mapped_bytes;
     stats_.lent_slots += 1;
     stats_.lent_bytes += lent.slot->mapped_bytes;
-    if (state.data != nullptr && lent.host != nullptr) {
-      std::memcpy(lent.host, state.data, lent.slot->mapped_bytes);
-    }
-    const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
-    if (lent.mapped && restored_first) {
-      if (!synchronized) {
-        // The work that wrote them may still run: the device's work ends first.
-        ContextScope scope(drv(), g.context);
-        busy("waiting for the device before a rewritten graph's first launch");
-        const CUresult rc = drv().cuCtxSynchronize();
-        idle();
-        if (rc != CUDA_SUCCESS) {
-          die(cuda_failure("cuCtxSynchronize", rc, "before a rewritten graph's first launch"));
-        }
-        synchronized = true;
-      }
-      copy_out(g, lent);
-      release_pages_locked(g, lent);
-    }
-  }
-  i = 0;
-  for (Lent& lent : g.slots) {
-    if (lent.gone) continue;
-    const residency::Lent& state = states[i++];
-    const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
-    if (lent.mapped || restored_first) continue;
-    if (state.data != nullptr && lent.host != nullptr) {
-      bring_back(g, lent);
-    } else {
-      map_back(g, lent, "its first launch");
-      g.held += lent.slot->mapped_bytes;
-      if (state.data != nullptr) copy_in(g, lent, state.data);  // no windows: no copy of ours
-    }
   }
   note_held_locked();
   return true;
@@ -447,12 +510,15 @@ bool Inside::lend_locked(Rewritten& g) {
 
 std::vector<Slot*> Inside::lent_to(CUgraphExec exec) {
   if (!any_.load(std::memory_order_acquire)) return {};
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   std::vector<Slot*> out;
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return out;
-  // The first launch lends them before residency would map the unused ones.
-  if (!it->second->lent && !lend_locked(*it->second)) return out;
+  Rewritten& g = *it->second;
+  if (!settle_locked(lock, g)) return out;
+  // The first launch lends them before residency would map the unused ones (not while a launch
+  // of it is in flight: lending moves their pages).
+  if (!g.lent && (g.queued > 0 || !lend_locked(lock, g))) return out;
   for (const Lent& lent : it->second->slots) {
     if (!lent.gone) out.push_back(lent.slot);
   }
@@ -465,24 +531,33 @@ std::vector<Slot*> Inside::lent_to(CUgraphExec exec) {
 
 CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* message) {
   if (!any_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
+  if (!settle_locked(lock, g)) {
+    *message = "the slots of a rewritten graph were still being moved past residency.wait_limit";
+    return CUDA_ERROR_LAUNCH_TIMEOUT;
+  }
   // Not lent before the launch (a slot was away in residency): residency made them resident, and
   // this launch holds them (its windows only copy and signal if they cannot be lent still).
-  if (!g.lent && g.queued == 0) lend_locked(g);
-  if (g.queued > 0) return CUDA_SUCCESS;  // the launch before ends with them off the device
-  // Slots on the device now (the first launch; brought back for other work since) hand the
-  // launch their data: the graph's first restore copies the host copy back.
-  // Unless kept on the device, such a slot then leaves it until the graph's restore: the
+  if (!g.lent && g.queued == 0) lend_locked(lock, g);
+  // A wrap slot on the device when this launch begins hands it its data (a D2H on its stream,
+  // before the graph, whose first restore copies the host copy back): one kept on the device
+  // between launches, one not lent, or, with no launch in flight, one on the device now (the
+  // first launch; brought back for other work since). The program may have written it since
+  // the launch before. One not kept then leaves the device until the graph's restore: the
   // executor unmaps it once the copy has completed.
+  const bool idle = g.queued == 0;
   const Driver& driver = drv();
   for (Lent& lent : g.slots) {
-    if (lent.gone || !lent.wraps || !lent.mapped) continue;
+    if (lent.gone || !lent.wraps) continue;
+    const bool on_device = lent.kept || g.disabled || !g.lent || (idle && lent.mapped);
+    if (!on_device) continue;
     CUresult rc =
         driver.cuMemcpyDtoHAsync(lent.host, lent.slot->va, lent.slot->mapped_bytes, stream);
-    if (rc == CUDA_SUCCESS && !lent.kept && lent.handed == nullptr) {
+    if (rc == CUDA_SUCCESS && idle && g.lent && !g.disabled && !lent.kept &&
+        lent.handed == nullptr) {
       rc = driver.cuEventCreate(&lent.handed, CU_EVENT_DISABLE_TIMING);
       if (rc == CUDA_SUCCESS) rc = driver.cuEventRecord(lent.handed, stream);
     }
@@ -495,13 +570,21 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   return CUDA_SUCCESS;
 }
 
-void Inside::launch_returned(CUgraphExec exec, bool enqueued) {
+void Inside::launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
   if (!enqueued || !any_.load(std::memory_order_acquire)) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = graphs_.find(exec);
     if (it == graphs_.end()) return;
-    ++it->second->queued;
+    Rewritten& g = *it->second;
+    ++g.queued;
+    // Its end on the device: what is freed or given back after its executor is done waits for it.
+    const Driver& driver = drv();
+    if (g.finished == nullptr &&
+        driver.cuEventCreate(&g.finished, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      g.finished = nullptr;
+    }
+    if (g.finished != nullptr) driver.cuEventRecord(g.finished, stream);
   }
   work_.notify_all();
 }
@@ -518,7 +601,7 @@ void Inside::run() {
   for (;;) {
     bool busy = false, progressed = false;
     for (auto& [exec, g] : graphs_) {
-      if (g->queued == 0) continue;
+      if (g->queued == 0 || g->moving) continue;
       busy = true;
       if (!g->running) {
         g->running = true;
@@ -545,71 +628,76 @@ void Inside::run() {
 bool Inside::advance_locked(Rewritten& g) {
   bool progressed = false, finished = true;
   uint64_t releases = 0, restores = 0;
-  for (Lent& lent : g.slots) {
-    if (lent.handed != nullptr) {
-      // Its data left on the launching stream: once that copy completed, so have its uses
-      // before the launch (they precede it there), and the pages may go until the restore.
-      const CUresult rc = drv().cuEventQuery(lent.handed);
-      if (rc == CUDA_ERROR_NOT_READY) {
-        finished = false;
-        continue;
-      }
-      drv().cuEventDestroy(lent.handed);
-      lent.handed = nullptr;
-      if (rc == CUDA_SUCCESS && lent.mapped && !lent.gone && g.lent &&
-          release_pages_locked(g, lent)) {
-        ++releases;
-      }
-      progressed = true;
-    }
-    while (lent.next < lent.steps.size()) {
-      const Step step = lent.steps[lent.next];
-      uint32_t* flag = g.flag(step.window, step.release ? kReleased : kTrigger);
-      if (load(flag) == 0) break;
-      store(flag, 0);  // taken: the next launch writes it again
-      if (step.release) {
-        // Its D2H has completed (the flag follows it in the graph), and so have the uses
-        // before it (the D2H follows them): the pages may go (invariant 3).
-        const bool wrap_release = lent.wraps && lent.next + 1 == lent.steps.size();
-        if (lent.mapped && !lent.gone && g.lent && !(wrap_release && lent.kept) &&
-            release_pages_locked(g, lent)) {
+  // Releases first, then restores: a restore that counts on a release for room finds it done
+  // when both flags came in together.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Lent& lent : g.slots) {
+      if (lent.handed != nullptr) {
+        // Its data left on the launching stream: once that copy completed, so have its uses
+        // before the launch (they precede it there), and the pages may go until the restore.
+        const CUresult rc = drv().cuEventQuery(lent.handed);
+        if (rc == CUDA_ERROR_NOT_READY) {
+          finished = false;
+          continue;
+        }
+        drv().cuEventDestroy(lent.handed);
+        lent.handed = nullptr;
+        if (rc == CUDA_SUCCESS && lent.mapped && !lent.gone && g.lent && !g.disabled &&
+            !lent.kept && release_pages(g, lent)) {
           ++releases;
         }
-      } else {
-        if (!lent.mapped) {
-          // Within the reserve while a release of this launch can still make room (the
-          // schedule's peak says it will); past it only when none can.
-          const uint64_t now = trace::now_ns();
-          if (g.held + lent.slot->mapped_bytes > g.reserve &&
-              release_pending_locked(g, step.position)) {
-            if (g.room_since_ns == 0) {
-              g.room_since_ns = now;
-              ++stats_.room_waits;
-            }
-            if (now - g.room_since_ns < settings_.wait_limit_ns) {
-              store(flag, 1);  // not taken yet
-              break;
-            }
-            log().warn(
-                "inside one graph: {} is mapped beyond its graph's reserve of {}: the "
-                "releases before it did not come within residency.wait_limit",
-                lent.slot->describe(), byte_size(g.reserve));
-          }
-          if (g.room_since_ns != 0) {
-            stats_.room_wait_us += static_cast<double>(now - g.room_since_ns) / 1e3;
-          }
-          g.room_since_ns = 0;
-          map_back(g, lent, "the graph's next use");
-          g.held += lent.slot->mapped_bytes;
-          note_held_locked();
-          ++restores;
-        }
-        store(g.flag(step.window, kMapped), 1);
+        progressed = true;
       }
-      ++lent.next;
-      progressed = true;
+      while (lent.next < lent.steps.size()) {
+        const Step step = lent.steps[lent.next];
+        if (pass == 0 && !step.release) break;
+        uint32_t* flag = g.flag(step.window, step.release ? kReleased : kTrigger);
+        if (load(flag) == 0) break;
+        store(flag, 0);  // taken: the next launch writes it again
+        if (step.release) {
+          // Its D2H has completed (the flag follows it in the graph), and so have the uses
+          // before it (the D2H follows them): the pages may go (invariant 3).
+          const bool wrap_release = lent.wraps && lent.next + 1 == lent.steps.size();
+          if (lent.mapped && !lent.gone && g.lent && !g.disabled && !(wrap_release && lent.kept) &&
+              release_pages(g, lent)) {
+            ++releases;
+          }
+        } else {
+          if (!lent.mapped) {
+            // Within the reserve while a release of this launch can still make room (the
+            // schedule's peak says it will); past it only when none can.
+            const uint64_t now = trace::now_ns();
+            if (g.held + lent.slot->mapped_bytes > g.reserve &&
+                release_pending_locked(g, step.position)) {
+              if (g.room_since_ns == 0) {
+                g.room_since_ns = now;
+                ++stats_.room_waits;
+              }
+              if (now - g.room_since_ns < wait_limit_ns_.load(std::memory_order_relaxed)) {
+                store(flag, 1);  // not taken yet
+                break;
+              }
+              log().warn(
+                  "inside one graph: {} is mapped beyond its graph's reserve of {}: the "
+                  "releases before it did not come within residency.wait_limit",
+                  lent.slot->describe(), byte_size(g.reserve));
+            }
+            if (g.room_since_ns != 0) {
+              stats_.room_wait_us += static_cast<double>(now - g.room_since_ns) / 1e3;
+            }
+            g.room_since_ns = 0;
+            map_back(g, lent, "the graph's next use");
+            g.held += lent.slot->mapped_bytes;
+            note_held_locked();
+            ++restores;
+          }
+          store(g.flag(step.window, kMapped), 1);
+        }
+        ++lent.next;
+        progressed = true;
+      }
+      if (pass == 1 && lent.next < lent.steps.size()) finished = false;
     }
-    if (lent.next < lent.steps.size()) finished = false;
   }
   stats_.releases += releases;
   stats_.restores += restores;
@@ -647,7 +735,7 @@ void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
       idle();
       // No pages now (the program's own allocations took the room): try again until the limit,
       // for the graph waits on the device for this map.
-      if (trace::now_ns() - start > settings_.wait_limit_ns) {
+      if (trace::now_ns() - start > wait_limit_ns_.load(std::memory_order_relaxed)) {
         die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
             why + " within residency.wait_limit: " + e.what());
       }
@@ -657,7 +745,7 @@ void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
   }
 }
 
-bool Inside::release_pages_locked(Rewritten& g, Lent& lent) {
+bool Inside::release_pages(Rewritten& g, Lent& lent) {
   try {
     busy("unmapping " + lent.slot->describe());
     engine().unback(lent.slot, std::nullopt);
@@ -665,7 +753,7 @@ bool Inside::release_pages_locked(Rewritten& g, Lent& lent) {
   } catch (const Error& e) {
     idle();
     // The pages stay, and so does the data; the next restore finds the slot mapped.
-    ++stats_.failures;
+    failures_.fetch_add(1);
     log().warn("inside one graph: {} keeps its pages: {}", lent.slot->describe(), e.what());
     return false;
   }
@@ -694,14 +782,39 @@ void Inside::note_held_locked() {
 }
 
 bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
-  return done_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns),
+  return done_.wait_for(lock,
+                        std::chrono::nanoseconds(wait_limit_ns_.load(std::memory_order_relaxed)),
                         [&] { return g.queued == 0; });
 }
 
-void Inside::bring_back(Rewritten& g, Lent& lent) {
+void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why) {
+  if (!drain_locked(lock, g)) {
+    die("inside one graph: the launches of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
+        " were not carried out within residency.wait_limit " + why);
+  }
+  if (g.finished == nullptr) return;
+  // The executor has taken every flag; the graph may still be clearing one, copying a slot back
+  // from its host copy, and using it. Its end, waited for without the lock.
+  const CUevent finished = g.finished;
+  CUresult rc = CUDA_ERROR_NOT_READY;
+  unlocked(lock, g, [&] {
+    const uint64_t start = trace::now_ns();
+    while ((rc = drv().cuEventQuery(finished)) == CUDA_ERROR_NOT_READY &&
+           trace::now_ns() - start < wait_limit_ns_.load()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  if (rc == CUDA_ERROR_NOT_READY) {
+    die("inside one graph: the last launch of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
+        " did not end on the device within residency.wait_limit " + why);
+  }
+}
+
+void Inside::bring_back(Rewritten& g, Lent& lent, CUstream stream, const void* data) {
   map_back(g, lent, "other work that uses it");
   g.held += lent.slot->mapped_bytes;
-  copy_in(g, lent, lent.host);
+  if (data == nullptr) data = lent.host;
+  if (data != nullptr) copy_in(g, lent, data, stream);
 }
 
 CUstream Inside::stream_locked(Rewritten& g) {
@@ -716,9 +829,8 @@ CUstream Inside::stream_locked(Rewritten& g) {
   return stream;
 }
 
-void Inside::copy_in(Rewritten& g, Lent& lent, const void* data) {
+void Inside::copy_in(Rewritten& g, Lent& lent, const void* data, CUstream stream) {
   const Driver& driver = drv();
-  const CUstream stream = stream_locked(g);
   ContextScope scope(driver, g.context);
   busy("copying the data of " + lent.slot->describe() + " back");
   CUresult rc = driver.cuMemcpyHtoDAsync(lent.slot->va, data, lent.slot->mapped_bytes, stream);
@@ -730,9 +842,8 @@ void Inside::copy_in(Rewritten& g, Lent& lent, const void* data) {
   }
 }
 
-void Inside::copy_out(Rewritten& g, Lent& lent) {
+void Inside::copy_out(Rewritten& g, Lent& lent, CUstream stream) {
   const Driver& driver = drv();
-  const CUstream stream = stream_locked(g);
   ContextScope scope(driver, g.context);
   busy("copying the data of " + lent.slot->describe() + " out");
   CUresult rc = driver.cuMemcpyDtoHAsync(lent.host, lent.slot->va, lent.slot->mapped_bytes, stream);
@@ -766,9 +877,16 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     for (Lent& l : g.slots) {
       if (l.slot == slot) lent = &l;
     }
+    if (!settle_locked(lock, g)) {
+      *rc = CUDA_ERROR_LAUNCH_TIMEOUT;
+      *message = "the slots of the rewritten graph that holds " + slot->describe() +
+                 " were still being moved past residency.wait_limit";
+      return rest;
+    }
     if (lent == nullptr || lent->gone) continue;
-    // On the device whenever other work runs: no windows, or kept with no window within launches.
-    if (!lent->inner && (lent->kept || !lent->wraps)) continue;
+    // On the device whenever other work runs: no windows, or kept with no window within launches,
+    // or the graph's windows disabled.
+    if (g.disabled || (!lent->inner && (lent->kept || !lent->wraps))) continue;
     const uint64_t start = trace::now_ns();
     const bool waited = g.queued > 0;
     if (!drain_locked(lock, g)) {
@@ -804,7 +922,10 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     }
     const bool away = !lent->mapped;
     if (away) {
-      bring_back(g, *lent);
+      // Its last step was a release, whose D2H has completed: nothing of the graph touches it
+      // until the next launch, which waits for this thread.
+      const CUstream stream = stream_locked(g);
+      unlocked(lock, g, [&] { bring_back(g, *lent, stream); });
       note_held_locked();
     }
     if (lent->wraps && !lent->kept) {
@@ -832,12 +953,8 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return;
   Rewritten& g = *it->second;
-  if (!drain_locked(lock, g)) {
-    log().warn(
-        "inside one graph: the launches of graph {} did not finish within "
-        "residency.wait_limit before it was destroyed; its slots are brought back now",
-        hex(reinterpret_cast<uintptr_t>(exec)));
-  }
+  settle_locked(lock, g);
+  finished_locked(lock, g, "before it was destroyed or updated");
   // Slots on the device go back as they are; slots off it go back offloaded, their data in the
   // host copy residency takes over (the program often frees them next: nothing is mapped then).
   std::vector<Slot*> back;
@@ -856,12 +973,48 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   graphs_.erase(it);
 }
 
+void Inside::node_changing(CUgraphExec exec) {
+  if (!any_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end() || it->second->disabled) return;
+  Rewritten& g = *it->second;
+  settle_locked(lock, g);
+  finished_locked(lock, g, "before a node of it was changed");
+  const CUstream stream = stream_locked(g);
+  unlocked(lock, g, [&] {
+    for (Lent& lent : g.slots) {
+      if (!lent.gone && g.lent && !lent.mapped) bring_back(g, lent, stream);
+    }
+  });
+  for (Lent& lent : g.slots) lent.kept = true;
+  g.disabled = true;
+  note_held_locked();
+  log().info(
+      "inside one graph: a node of graph {} is changed: its slots stay on the device from "
+      "now on (its windows copy, but nothing is unmapped)",
+      hex(reinterpret_cast<uintptr_t>(exec)));
+}
+
+CUgraphNode Inside::node_in(CUgraphExec exec, CUgraphNode node) {
+  if (!any_.load(std::memory_order_acquire)) return node;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end() || it->second->clone == nullptr) return node;
+  CUgraphNode in_clone = nullptr;
+  if (drv().cuGraphNodeFindInClone(&in_clone, node, it->second->clone) != CUDA_SUCCESS) {
+    return node;  // not a node of the captured graph: the driver says what it is
+  }
+  return in_clone;
+}
+
 void Inside::forget(Slot* slot) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = owner_.find(slot);
   if (it == owner_.end()) return;
   Rewritten& g = *it->second;
-  if (g.lent) drain_locked(lock, g);
+  settle_locked(lock, g);
+  if (g.lent) finished_locked(lock, g, "before a slot of it was freed");
   for (Lent& lent : g.slots) {
     if (lent.slot != slot || lent.gone) continue;
     if (!lent.mapped && g.lent) {
@@ -874,13 +1027,17 @@ void Inside::forget(Slot* slot) {
       residency::take_back(g.device, {slot}, 0);
     }
   }
-  owner_.erase(it);
+  owner_.erase(slot);  // by key: the lock was released meanwhile
 }
 
 void Inside::free_locked(Rewritten& g) {
+  if (g.finished != nullptr) drv().cuEventDestroy(g.finished);
+  if (g.clone != nullptr) drv().cuGraphDestroy(g.clone);
   for (Lent& lent : g.slots) {
     if (lent.handed != nullptr) drv().cuEventDestroy(lent.handed);
-    owner_.erase(lent.slot);
+    // A slot freed while lent left owner_ already, and its address may serve another graph now.
+    auto owner = owner_.find(lent.slot);
+    if (!lent.gone && owner != owner_.end() && owner->second == &g) owner_.erase(owner);
     if (lent.host != nullptr) engine().host_free(lent.host);
   }
   drv().cuMemFreeHost(g.flags);
@@ -929,11 +1086,15 @@ std::vector<Slot*> lent_to(CUgraphExec exec) { return the().lent_to(exec); }
 CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message) {
   return the().before_launch(exec, stream, message);
 }
-void launch_returned(CUgraphExec exec, bool enqueued) { the().launch_returned(exec, enqueued); }
+void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
+  the().launch_returned(exec, stream, enqueued);
+}
 std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message) {
   return the().present(slots, rc, message);
 }
 void exec_destroyed(CUgraphExec exec) { the().exec_destroyed(exec); }
+void node_changing(CUgraphExec exec) { the().node_changing(exec); }
+CUgraphNode node_in(CUgraphExec exec, CUgraphNode node) { return the().node_in(exec, node); }
 void forget(Slot* slot) { the().forget(slot); }
 Stats stats() { return the().stats(); }
 

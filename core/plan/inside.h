@@ -61,17 +61,25 @@ std::vector<Slot*> lent_to(CUgraphExec exec);
 // launch (a D2H on `stream`, which the graph's first restore copies back). CUDA_SUCCESS, or an
 // error with `message` (nothing is lent then).
 CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
-// After the real launch: `enqueued` ones are followed by the executor.
-void launch_returned(CUgraphExec exec, bool enqueued);
+// After the real launch on `stream`: `enqueued` ones are followed by the executor.
+void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued);
 
 // Other work is about to use `slots`: those lent and off the device are brought back first (this
 // thread waits, bounded by residency.wait_limit). Returns the slots that are not lent; on
 // failure `rc` and `message` say why.
 std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
 
-// `exec` is about to be destroyed: its launches finish, its slots get their pages and data back
-// and return to residency.
+// `exec` is about to be destroyed, or the program updated it from another graph (which replaces
+// its nodes, windows included): its launches finish, its slots get their pages and data back
+// and return to residency, and it is followed no more.
 void exec_destroyed(CUgraphExec exec);
+// Before the program changes a node of `exec` (cudaGraphExec*NodeSetParams): what the node uses
+// may change, so its launches finish, its slots come back, and from then on nothing of it is
+// unmapped (its windows still copy and signal, and are still followed).
+void node_changing(CUgraphExec exec);
+// The node of `exec` the program names (a node of the captured graph): its counterpart in the
+// rewritten copy the executable was made from; `node` itself for any other executable.
+CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
 // `slot` is about to be destroyed: it gets its pages back (for residency to free) and its
 // windows do nothing from now on.
 void forget(Slot* slot);

@@ -1,5 +1,6 @@
 #include "transform/graph_rewrite.h"
 
+#include <algorithm>
 #include <string>
 
 #include "errors.h"
@@ -99,26 +100,46 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
     return op;
   };
+  auto subject_of = [&](size_t k) {
+    return "window " + std::to_string(k) + " of the slot at " +
+           hex(slots.at(choice.windows[k].candidate).va);
+  };
+  // Releases first: a D2H after the uses before the gap, then `released`.
+  std::vector<CUgraphNode> released(choice.windows.size());
   for (size_t k = 0; k < choice.windows.size(); ++k) {
     const windows::Window& w = choice.windows[k];
     const RewriteSlot& slot = slots.at(w.candidate);
-    const WindowFlags& f = flags.at(k);
-    const std::string subject = "window " + std::to_string(k) + " of the slot at " + hex(slot.va);
-    // Release: D2H after the uses before the gap, then `released`.
     const std::vector<CUgraphNode> before = nodes_at(w.before);
     CUDA_MEMCPY3D out = copy_params(slot, true);
-    CUDA_MEMCPY3D in = copy_params(slot, false);
     CUgraphNode d2h = nullptr;
     with_pages(w.candidate, [&] {
       clone.call(driver.cuGraphAddMemcpyNode(&d2h, clone.get(), before.data(), before.size(), &out,
                                              context),
-                 "cuGraphAddMemcpyNode", subject + " (D2H)");
+                 "cuGraphAddMemcpyNode", subject_of(k) + " (D2H)");
     });
-    const CUgraphNode released = memop({d2h}, {write_one(f.released)}, subject + " (released)");
-    // Restore: `trigger` after the trigger position (and, within a launch, after the release).
+    released[k] = memop({d2h}, {write_one(flags.at(k).released)}, subject_of(k) + " (released)");
+  }
+  // Then restores: `trigger` after the trigger position and after every release the schedule
+  // counts on for room there (those after a last use before it: the schedule takes their pages
+  // as given back by then), so that the executor never waits for room with the graph parked on
+  // it; then the wait for `mapped`, the H2D, and edges to the uses after the gap. Every added
+  // edge runs from a lower position to a higher one: no cycle.
+  for (size_t k = 0; k < choice.windows.size(); ++k) {
+    const windows::Window& w = choice.windows[k];
+    const RewriteSlot& slot = slots.at(w.candidate);
+    const WindowFlags& f = flags.at(k);
+    const std::string subject = subject_of(k);
     std::vector<CUgraphNode> trigger_deps;
-    if (!w.trigger_at_start) trigger_deps.push_back(at[w.trigger]);
-    if (!w.wrap) trigger_deps.push_back(released);
+    if (!w.trigger_at_start) {
+      trigger_deps.push_back(at[w.trigger]);
+      for (size_t r = 0; r < choice.windows.size(); ++r) {
+        if (choice.windows[r].release_after < w.trigger) trigger_deps.push_back(released[r]);
+      }
+    }
+    if (!w.wrap &&
+        std::find(trigger_deps.begin(), trigger_deps.end(), released[k]) == trigger_deps.end()) {
+      trigger_deps.push_back(released[k]);
+    }
     const CUgraphNode trigger = memop(trigger_deps, {write_one(f.trigger)}, subject + " (trigger)");
     CUstreamBatchMemOpParams wait{};
     wait.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
@@ -130,6 +151,7 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     clear.writeValue.address = f.mapped;
     clear.writeValue.value = 0;
     const CUgraphNode mapped = memop({trigger}, {wait, clear}, subject + " (wait for the map)");
+    CUDA_MEMCPY3D in = copy_params(slot, false);
     CUgraphNode h2d = nullptr;
     with_pages(w.candidate, [&] {
       clone.call(driver.cuGraphAddMemcpyNode(&h2d, clone.get(), &mapped, 1, &in, context),

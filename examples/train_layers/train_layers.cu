@@ -123,9 +123,10 @@ struct Options {
   int fault_step = -1;  // -1: never
   bool api_graph = false;
   bool batch_copies = false;
-  bool whole = false;  // --graph whole: one graph per step
-  int extra_mib = 0;   // 0: none
-  long limit_mib = 0;  // 0: the whole device
+  bool whole = false;        // --graph whole: one graph per step
+  int set_params_step = -1;  // --graph whole: -1: never
+  int extra_mib = 0;         // 0: none
+  long limit_mib = 0;        // 0: the whole device
   const char* out = nullptr;
 };
 
@@ -135,7 +136,8 @@ void usage(FILE* to) {
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
-      "                    [--graph layers|whole] [--out FILE] [--quiet]\n"
+      "                    [--graph layers|whole] [--set-params-step N] [--out FILE]\n"
+      "                    [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -176,6 +178,9 @@ void usage(FILE* to) {
       "                  holding every layer's forward and backward, the copies between\n"
       "                  layers, the gradient accumulation and the update (as a\n"
       "                  whole-iteration torch.cuda.graph); the checksum is the same\n"
+      "  --set-params-step N  with --graph whole: before step N, give a kernel node of the\n"
+      "                  executable its own parameters again (cudaGraphExecKernelNodeSetParams\n"
+      "                  with the captured graph's node)\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -208,6 +213,7 @@ Options parse(int argc, char** argv) {
                                  {"fault-step", required_argument, nullptr, 'f'},
                                  {"batch-copies", no_argument, nullptr, 'b'},
                                  {"graph", required_argument, nullptr, 'g'},
+                                 {"set-params-step", required_argument, nullptr, 'k'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -254,6 +260,10 @@ Options parse(int argc, char** argv) {
       case 'o': o.out = optarg; break;
       case 'a': o.api_graph = true; break;
       case 'b': o.batch_copies = true; break;
+      case 'k':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.set_params_step = static_cast<int>(v);
+        break;
       case 'g':
         if (std::strcmp(optarg, "whole") == 0) {
           o.whole = true;
@@ -293,6 +303,10 @@ Options parse(int argc, char** argv) {
                  "train_layers: --devices %d cannot go with --api-graph or --batch-copies "
                  "(they use one device)\n",
                  o.devices);
+    std::exit(2);
+  }
+  if (o.set_params_step >= 0 && !o.whole) {
+    std::fprintf(stderr, "train_layers: --set-params-step needs --graph whole\n");
     std::exit(2);
   }
   if (o.whole && (o.devices > 1 || o.api_graph || o.batch_copies || o.eval_every > 0 ||
@@ -380,6 +394,17 @@ cudaGraphExec_t capture(cudaStream_t s, Body body) {
   CHECK(cudaStreamEndCapture(s, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+// As capture(), keeping the captured graph in *graph.
+template <class Body>
+cudaGraphExec_t capture_keeping(cudaStream_t s, cudaGraph_t* graph, Body body) {
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  body();
+  CHECK(cudaStreamEndCapture(s, graph));
+  CHECK(cudaGraphInstantiate(&exec, *graph, 0));
   return exec;
 }
 
@@ -538,8 +563,11 @@ int main(int argc, char** argv) {
   // --graph whole: the step from the first layer's input to the updated weights, one graph. The
   // same kernels and copies in the same order as the per-layer step, so the same checksum.
   cudaGraphExec_t whole = nullptr;
+  cudaGraph_t whole_graph = nullptr;       // kept: --set-params-step names one of its nodes
+  cudaGraphNode_t whole_kernel = nullptr;  // its last kernel node (the last layer's update)
+  cudaKernelNodeParams whole_params{};
   if (o.whole) {
-    whole = capture(s, [&] {
+    whole = capture_keeping(s, &whole_graph, [&] {
       for (size_t l = 0; l < layers.size(); ++l) {
         Layer& L = layers[l];
         L.act = malloc_during_capture(bytes);
@@ -560,6 +588,16 @@ int main(int argc, char** argv) {
       }
       for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
     });
+    size_t node_count = 0;
+    CHECK(cudaGraphGetNodes(whole_graph, nullptr, &node_count));
+    std::vector<cudaGraphNode_t> nodes(node_count);
+    CHECK(cudaGraphGetNodes(whole_graph, nodes.data(), &node_count));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      CHECK(cudaGraphNodeGetType(node, &type));
+      if (type == cudaGraphNodeTypeKernel) whole_kernel = node;
+    }
+    CHECK(cudaGraphKernelNodeGetParams(whole_kernel, &whole_params));
   }
   on(first);
   uint32_t* peek = nullptr;
@@ -589,6 +627,9 @@ int main(int argc, char** argv) {
     const auto step_start = std::chrono::steady_clock::now();
     uint32_t data_seed = o.seed * 104729u + static_cast<uint32_t>(step);
     on(first)((const void*)fill_kernel, {&first.x, &data_seed, &n});
+    if (step == o.set_params_step) {
+      CHECK(cudaGraphExecKernelNodeSetParams(whole, whole_kernel, &whole_params));
+    }
     if (o.whole) CHECK(cudaGraphLaunch(whole, s));
     if (!o.whole) forward();
     on(first);
@@ -719,6 +760,7 @@ int main(int argc, char** argv) {
     if (!o.whole) CHECK(cudaGraphExecDestroy(L.backward));
     if (L.dev == 0 && whole != nullptr) {  // before the buffers it uses are freed
       CHECK(cudaGraphExecDestroy(whole));
+      CHECK(cudaGraphDestroy(whole_graph));
       whole = nullptr;
     }
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));

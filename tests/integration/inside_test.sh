@@ -100,6 +100,19 @@ grep "is instantiated as captured" "$tmp/err" | grep -q "warning" || fail "no_me
 whole one_queue "$base,inside.mode=on" CUDA_DEVICE_MAX_CONNECTIONS=1
 check one_queue 'assert s["inside_launches"] == 20 and s["inside_restores"] > 0, s'
 
+# A node of the rewritten executable changed by the program, named by the captured graph's node
+# handle: the call reaches the copy's node; from then on nothing is unmapped; same checksum.
+got=$(VASWAP_CONF="$base,inside.mode=on,log.level=info" \
+    run --trace "$tmp/set_params.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+    --set-params-step 10 2>"$tmp/err") || fail "set_params: the demo failed under vaswap"
+[[ "$got" == "$want" ]] || fail "set_params: checksum '$got', without vaswap '$want'"
+grep -q "a node of graph .* is changed" "$tmp/err" || fail "set_params: the change was not seen"
+check set_params '
+first = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[11]]
+assert s["inside_launches"] == 20 and not first, (s, len(first))  # nothing unmapped after it
+'
+echo "ok   set_params: the executable's node changed through the captured node; nothing unmapped after"
+
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2
 grep -q "injected fault: cuMemCreate" "$tmp/err" || fail "map_fails: the fault was not injected"
