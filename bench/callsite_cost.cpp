@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "callsite.h"
+#include "observe/callsite.h"
 
 namespace {
 

@@ -14,7 +14,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # ---------------------------------------------------------------------------------------------
-# runtime: the preload and what it opens from its own directory (core/private_library.cpp)
+# runtime: the preload and what it opens from its own directory (core/base/private_library.cpp)
 # ---------------------------------------------------------------------------------------------
 # The helpers keep RUNPATH $ORIGIN (their INSTALL_RPATH), so the copies of yaml-cpp and libunwind
 # that cmake/bundle_deps.cmake put beside them in the build travel with them.

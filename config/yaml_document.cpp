@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "private_library.h"
+#include "base/private_library.h"
 #include "yaml_helper.h"
 
 namespace vaswap {

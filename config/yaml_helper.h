@@ -1,4 +1,5 @@
-// C ABI of libvaswap_yaml.so, the only object that links yaml-cpp (see core/private_library.h).
+// C ABI of libvaswap_yaml.so, the only object that links yaml-cpp (see
+// core/base/private_library.h).
 #pragma once
 
 #include <stddef.h>

@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
-#include "errors.h"
-#include "intercept.h"
-#include "planner.h"
+#include "base/errors.h"
+#include "base/trace.h"
+#include "observe/intercept.h"
+#include "plan/planner.h"
 #include "policy.h"
-#include "trace.h"
+#include "slots/engine.h"
 #include "vaswap/vaswap.h"
 
 #define VASWAP_API extern "C" __attribute__((visibility("default")))

@@ -17,9 +17,9 @@
 
 #include <cstring>
 
+#include "base/symbols.h"
 #include "hooks.h"
-#include "intercept.h"
-#include "symbols.h"
+#include "observe/intercept.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
 // The CUDA entry points of libvaswap.so, defined from interpose/hooks.def.
 //
 // A hook finds the real function, decodes its arguments into driver types, and hands the call to
-// core/intercept.h; it decides nothing. Runtime hooks find the real function with dlsym(RTLD_NEXT)
-// (falling back to the loaded libcudart); driver hooks ask the driver's own cuGetProcAddress for
-// the ABI revision they implement. A per-thread depth counter makes a user call that passes
-// through cudart and then the driver count once, at the level it entered.
+// core/observe/intercept.h; it decides nothing. Runtime hooks find the real function with
+// dlsym(RTLD_NEXT) (falling back to the loaded libcudart); driver hooks ask the driver's own
+// cuGetProcAddress for the ABI revision they implement. A per-thread depth counter makes a user
+// call that passes through cudart and then the driver count once, at the level it entered.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -16,12 +16,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "driver.h"
-#include "errors.h"
+#include "base/driver.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/symbols.h"
 #include "hooks.h"
-#include "intercept.h"
-#include "log.h"
-#include "symbols.h"
+#include "observe/intercept.h"
 
 // Deprecated entry points (cudaGetDriverEntryPoint) are still called by programs built against
 // older toolkits, so they are hooked all the same.

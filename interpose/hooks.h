@@ -1,7 +1,7 @@
 // The hook table of interpose/hooks.def, as data: for routing (routing.cpp) and for tests.
 #pragma once
 
-#include "intercept.h"
+#include "observe/intercept.h"
 
 namespace vaswap::hooks {
 

@@ -1,6 +1,6 @@
 // The in-graph schedule: which gaps between a slot's uses inside one graph launch it spends off
 // the device (DESIGN.md section 5, "Inside one graph"). Pure: it plans over positions (a graph's
-// top-level nodes in a topological order, core/graph_scan.h) and makes no driver call; the
+// top-level nodes in a topological order, core/observe/graph_scan.h) and makes no driver call; the
 // rewritten graph (core/transform/graph_rewrite.h) and the executor (core/plan/inside.h) carry
 // the choice out.
 //

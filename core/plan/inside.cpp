@@ -13,12 +13,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "engine.h"
-#include "errors.h"
-#include "log.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
 #include "plan/graph_windows.h"
-#include "residency.h"
-#include "trace.h"
+#include "plan/residency.h"
+#include "slots/engine.h"
 #include "transform/graph_rewrite.h"
 
 namespace vaswap::inside {

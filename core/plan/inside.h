@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "graph_scan.h"
+#include "observe/graph_scan.h"
 
 namespace vaswap {
 

@@ -19,8 +19,8 @@
 #include <functional>
 #include <vector>
 
-#include "driver.h"
-#include "graph_scan.h"
+#include "base/driver.h"
+#include "observe/graph_scan.h"
 #include "plan/graph_windows.h"
 
 namespace vaswap {

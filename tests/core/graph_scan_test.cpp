@@ -1,6 +1,6 @@
-// Graph analysis (core/graph_scan.h) on the simulator: the regions a captured graph references,
-// read from kernel parameters (by cuFuncGetParamInfo), packed `extra` buffers, memcpy and memset
-// nodes, and child graphs; and what it must not count.
+// Graph analysis (core/observe/graph_scan.h) on the simulator: the regions a captured graph
+// references, read from kernel parameters (by cuFuncGetParamInfo), packed `extra` buffers, memcpy
+// and memset nodes, and child graphs; and what it must not count.
 #include <cuda.h>
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "../sim/tests/sim_test.h"
-#include "driver.h"
-#include "graph_scan.h"
-#include "registry.h"
+#include "base/driver.h"
+#include "observe/graph_scan.h"
+#include "observe/registry.h"
 
 namespace vaswap {
 namespace {

@@ -1,7 +1,7 @@
-// Residency (core/residency.h) on the simulator: lazy backing, the budget, which slot is evicted,
-// the program's own out-of-memory, launches that cannot fit, the host-pool limit, the device and
-// host handshakes, and the watchdog. Each test drives residency as the preload's hooks do:
-// acquire() before the work, used() after it, and checks real state: what the slots hold (every
+// Residency (core/plan/residency.h) on the simulator: lazy backing, the budget, which slot is
+// evicted, the program's own out-of-memory, launches that cannot fit, the host-pool limit, the
+// device and host handshakes, and the watchdog. Each test drives residency as the preload's hooks
+// do: acquire() before the work, used() after it, and checks real state: what the slots hold (every
 // word), whether their pages are mapped, and what the simulated device has physically.
 #include <cuda.h>
 #include <gtest/gtest.h>
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "../sim/tests/sim_test.h"
-#include "engine.h"
-#include "residency.h"
-#include "trace.h"
+#include "base/trace.h"
+#include "plan/residency.h"
+#include "slots/engine.h"
 
 namespace vaswap {
 namespace {

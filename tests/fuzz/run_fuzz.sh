@@ -18,7 +18,7 @@ cuda=${CUDA_HOME:-/usr/local/cuda}/include
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$src/config" -I"$src/core" -I"$src/include" -I"$cuda" \
   "$src/tests/fuzz/policy_fuzz.cpp" "$src/config/policy.cpp" "$src/config/yaml_document.cpp" \
-  "$src/core/private_library.cpp" -ldl -o "$build/lib/policy_fuzz"
+  "$src/core/base/private_library.cpp" -ldl -o "$build/lib/policy_fuzz"
 for f in "$src"/examples/policies/*.yaml; do cp "$f" "$out/corpus/"; done
 printf 'Cmode=auto,selection.min_bytes=16MiB' >"$out/corpus/conf1"
 printf 'Cselection.include=lib*;*main*,schedule.remap_latency=1.5ms,on_error=passthrough' >"$out/corpus/conf2"

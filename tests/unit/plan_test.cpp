@@ -1,5 +1,5 @@
-// The plan (core/plan.h): which windows of a learned period are offloaded, and where.
-#include "plan.h"
+// The plan (core/plan/schedule.h): which windows of a learned period are offloaded, and where.
+#include "plan/schedule.h"
 
 #include <gtest/gtest.h>
 

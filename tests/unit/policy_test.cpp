@@ -10,8 +10,8 @@
 #include <sstream>
 #include <string>
 
-#include "intercept.h"
-#include "log.h"
+#include "base/log.h"
+#include "observe/intercept.h"
 #include "policy.h"
 
 namespace vaswap {

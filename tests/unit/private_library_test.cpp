@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "private_library.h"
-#include "unwind_helper.h"
+#include "base/private_library.h"
+#include "base/unwind_helper.h"
 #include "yaml_document.h"
 
 namespace {

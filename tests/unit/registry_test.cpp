@@ -1,5 +1,5 @@
 // The region registry: interior lookups, overlap rejection, capture tags, concurrent readers.
-#include "registry.h"
+#include "observe/registry.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// docs/TRACE.md lists exactly the events core/trace.h can emit (one source of truth per fact).
+// docs/TRACE.md lists exactly the events core/base/trace.h can emit (one source of truth per fact).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "trace.h"
+#include "base/trace.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
-// The trace's file and where it comes from (core/trace_file.h, core/trace.h): no symbolic links,
-// no replaced traces, close-on-exec, a full disk counted and said once, and the environment read
-// only outside secure-execution mode, with one file per process.
+// The trace's file and where it comes from (core/base/trace_file.h, core/base/trace.h): no symbolic
+// links, no replaced traces, close-on-exec, a full disk counted and said once, and the environment
+// read only outside secure-execution mode, with one file per process.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -13,8 +13,8 @@
 #include <sstream>
 #include <string>
 
-#include "trace.h"
-#include "trace_file.h"
+#include "base/trace.h"
+#include "base/trace_file.h"
 
 namespace vaswap::trace {
 namespace {

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
-#include "engine.h"
-#include "errors.h"
-#include "log.h"
-#include "trace.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "slots/engine.h"
 
 namespace vaswap {
 

@@ -1,4 +1,4 @@
-#include "private_library.h"
+#include "base/private_library.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-#include "trace_file.h"
+#include "base/trace_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "log.h"
+#include "base/log.h"
 
 namespace vaswap::trace {
 

@@ -1,4 +1,4 @@
-#include "trace.h"
+#include "base/trace.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -18,9 +18,9 @@
 #include <mutex>
 #include <thread>
 
-#include "log.h"
-#include "trace_file.h"
-#include "trace_signals.h"
+#include "base/log.h"
+#include "base/trace_file.h"
+#include "base/trace_signals.h"
 
 namespace vaswap::trace {
 

@@ -1,4 +1,4 @@
-#include "residency.h"
+#include "plan/residency.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,12 +20,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "driver.h"
-#include "engine.h"
-#include "errors.h"
-#include "log.h"
-#include "trace.h"
-#include "worker.h"
+#include "base/driver.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "slots/engine.h"
+#include "slots/worker.h"
 
 namespace vaswap::residency {
 

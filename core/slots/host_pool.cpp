@@ -1,11 +1,11 @@
-#include "host_pool.h"
+#include "slots/host_pool.h"
 
 #include <chrono>
 #include <thread>
 
-#include "driver.h"
-#include "errors.h"
-#include "trace.h"
+#include "base/driver.h"
+#include "base/errors.h"
+#include "base/trace.h"
 
 namespace vaswap {
 

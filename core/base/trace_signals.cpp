@@ -1,4 +1,4 @@
-#include "trace_signals.h"
+#include "base/trace_signals.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,12 +1,12 @@
-#include "engine.h"
+#include "slots/engine.h"
 
 #include <algorithm>
 #include <functional>
 #include <unordered_map>
 
-#include "errors.h"
-#include "log.h"
-#include "trace.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
 
 namespace vaswap {
 

@@ -1,4 +1,4 @@
-#include "graph_scan.h"
+#include "observe/graph_scan.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "trace.h"
+#include "base/trace.h"
 
 namespace vaswap {
 

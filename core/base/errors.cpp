@@ -1,9 +1,9 @@
-#include "errors.h"
+#include "base/errors.h"
 
 #include <cinttypes>
 #include <cstdio>
 
-#include "driver.h"
+#include "base/driver.h"
 
 namespace vaswap {
 

@@ -2,10 +2,10 @@
 // worker that unmaps and releases the batch (invariants 3 and 4).
 #include <algorithm>
 
-#include "engine.h"
-#include "errors.h"
-#include "log.h"
-#include "trace.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "slots/engine.h"
 
 namespace vaswap {
 

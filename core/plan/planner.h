@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "plan/residency.h"
 #include "policy.h"
-#include "residency.h"
 
 namespace vaswap {
 

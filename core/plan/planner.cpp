@@ -1,4 +1,4 @@
-#include "planner.h"
+#include "plan/planner.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,13 +13,13 @@
 #include <thread>
 #include <unordered_map>
 
-#include "engine.h"
-#include "errors.h"
-#include "log.h"
-#include "plan.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
 #include "plan/inside.h"
-#include "trace.h"
-#include "worker.h"
+#include "plan/schedule.h"
+#include "slots/engine.h"
+#include "slots/worker.h"
 
 namespace vaswap::planner {
 

@@ -1,4 +1,4 @@
-#include "intercept.h"
+#include "observe/intercept.h"
 
 #include <dlfcn.h>
 #include <sys/auxv.h>
@@ -16,17 +16,17 @@
 #include <unordered_set>
 #include <vector>
 
-#include "callsite.h"
-#include "driver.h"
-#include "engine.h"
-#include "errors.h"
-#include "graph_scan.h"
-#include "log.h"
+#include "base/driver.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "observe/callsite.h"
+#include "observe/graph_scan.h"
 #include "plan/inside.h"
-#include "planner.h"
+#include "plan/planner.h"
+#include "plan/residency.h"
 #include "policy.h"
-#include "residency.h"
-#include "trace.h"
+#include "slots/engine.h"
 
 namespace vaswap::intercept {
 

@@ -1,9 +1,9 @@
-#include "registry.h"
+#include "observe/registry.h"
 
 #include <mutex>
 #include <shared_mutex>
 
-#include "errors.h"
+#include "base/errors.h"
 
 namespace vaswap {
 

@@ -1,4 +1,4 @@
-#include "log.h"
+#include "base/log.h"
 
 #include <sys/auxv.h>
 
@@ -8,7 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 
-#include "trace.h"
+#include "base/trace.h"
 
 namespace vaswap {
 

@@ -1,11 +1,11 @@
-#include "driver.h"
+#include "base/driver.h"
 
 #include <dlfcn.h>
 
 #include <atomic>
 #include <mutex>
 
-#include "symbols.h"
+#include "base/symbols.h"
 
 namespace vaswap {
 

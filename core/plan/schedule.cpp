@@ -1,4 +1,4 @@
-#include "plan.h"
+#include "plan/schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "callsite.h"
+#include "observe/callsite.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -9,8 +9,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "private_library.h"
-#include "unwind_helper.h"
+#include "base/private_library.h"
+#include "base/unwind_helper.h"
 
 namespace vaswap {
 

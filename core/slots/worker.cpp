@@ -1,9 +1,9 @@
-#include "worker.h"
+#include "slots/worker.h"
 
 #include <pthread.h>
 
-#include "driver.h"
-#include "log.h"
+#include "base/driver.h"
+#include "base/log.h"
 
 namespace vaswap {
 

@@ -19,10 +19,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "driver.h"
-#include "host_pool.h"
+#include "base/driver.h"
+#include "slots/host_pool.h"
+#include "slots/worker.h"
 #include "vaswap/vaswap.h"
-#include "worker.h"
 
 namespace vaswap {
 

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "planner.h"
+#include "observe/registry.h"
+#include "plan/planner.h"
 #include "policy.h"
-#include "registry.h"
 
 namespace vaswap::intercept {
 

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "driver.h"
-#include "registry.h"
+#include "base/driver.h"
+#include "observe/registry.h"
 
 namespace vaswap {
 
