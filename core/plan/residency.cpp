@@ -1110,9 +1110,6 @@ void Residency::forget(Slot* slot) {
     d.physical -= e->pages;
     stats_.resident_bytes -= e->pages;
   }
-  // Its flag may still be read by queued waits until the slot's destroy synchronizes; it is
-  // reused only after that (the destroy follows at once, under the program's free).
-  d.free_flags.push_back(e->flag);
   // Device handshake: a stream may wait for a restore of this slot that the mover will now skip.
   // Its flag is written on the restore stream (after every earlier write there: it never goes
   // back), so the synchronize below, and that stream, do not wait forever.
@@ -1138,6 +1135,15 @@ void Residency::forget(Slot* slot) {
                 id);
   }
   driver.cuCtxSynchronize();
+  // Its flag may be read by queued waits, and written by a restore's write or the one above,
+  // until now: it is reused only after that. (Given back before, another thread's new slot took
+  // it, started its sequence from the value it read, and a late write of this slot's value then
+  // released that slot's waits before its data had landed: the stress suite read another
+  // thread's data under the device handshake.)
+  {
+    std::lock_guard<std::mutex> relock(mutex_);
+    d.free_flags.push_back(flag);
+  }
   if (host != nullptr) engine().host_free(host);
   if (ready_event != nullptr) driver.cuEventDestroy(ready_event);
 }
