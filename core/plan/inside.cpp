@@ -96,7 +96,10 @@ class Inside {
   }
   bool enabled() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return settings_.mode != Mode::off;
+    // The automatic mode rewrites only under a budget size: without one, instantiations are
+    // not scanned a second time for it.
+    return settings_.mode == Mode::on ||
+           (settings_.mode == Mode::automatic && settings_.budget_bytes > 0);
   }
 
   CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,

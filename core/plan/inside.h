@@ -42,6 +42,8 @@ struct Settings {
 };
 
 void configure(const Settings& settings);
+// Whether an instantiation may be rewritten at all (inside.mode on, or automatic under a
+// residency.budget size): the graph is scanned for it only then.
 bool enabled();
 
 // At the instantiation of `graph`, which uses `slots` (its scan, with nodes: `scan.order`):

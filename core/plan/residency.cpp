@@ -354,6 +354,12 @@ class Residency {
  private:
   // *_locked: under mutex_, no driver calls.
   Device& device_locked(int ordinal);
+  // No eviction or restore of it under way: never used, resident with its restore submitted, or
+  // offloaded with its evictions done.
+  static bool settled(const Entry& e) {
+    return e.where == Where::unbacked || (e.where == Where::resident && e.mapped && e.submitted) ||
+           (e.where == Where::offloaded && e.evictions_done == e.evictions_decided && !e.mapped);
+  }
   Entry* find_locked(const Slot* slot) {
     auto it = entries_.find(slot);
     return it == entries_.end() ? nullptr : &it->second;
@@ -1397,17 +1403,14 @@ bool Residency::lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vec
     changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
       return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
         const Entry* e = find_locked(slot);
-        return e == nullptr || e->where == Where::unbacked || e->where == Where::lent ||
-               (e->where == Where::offloaded && e->evictions_done == e->evictions_decided) ||
-               (e->where == Where::resident && e->mapped && e->submitted);
+        return e == nullptr || e->where == Where::lent || settled(*e);
       });
     });
     for (Slot* slot : slots) {
       const Entry* e = find_locked(slot);
-      const bool ok = e != nullptr && e->device == slots[0]->device &&
-                      ((e->where == Where::resident && e->mapped && e->submitted) ||
-                       e->where == Where::unbacked ||
-                       (e->where == Where::offloaded && (e->host != nullptr || !e->has_data)));
+      // An offloaded slot with data has its host copy (the executor's copy starts from it).
+      const bool ok = e != nullptr && e->device == slots[0]->device && settled(*e) &&
+                      !(e->where == Where::offloaded && e->has_data && e->host == nullptr);
       if (!ok) {
         log().debug("slot {} cannot be lent: where {} mapped {} submitted {}",
                     e != nullptr ? e->id : 0, e != nullptr ? static_cast<int>(e->where) : -1,
@@ -1474,14 +1477,11 @@ void Residency::with_pages(Slot* slot, const std::function<void()>& fn) {
   uint64_t id = 0;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto settled = [this, slot] {
+    auto idle = [this, slot] {
       const Entry* e = find_locked(slot);
-      return e == nullptr || e->where == Where::unbacked ||
-             (e->where == Where::resident && e->mapped && e->submitted && e->busy == 0) ||
-             (e->where == Where::offloaded && e->evictions_done == e->evictions_decided &&
-              !e->mapped && e->busy == 0);
+      return e == nullptr || (settled(*e) && e->busy == 0);
     };
-    if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), settled)) {
+    if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), idle)) {
       fail(VASWAP_ERROR_INVALID_STATE, "an eviction or a restore of " + slot->describe() +
                                            " did not end within residency.wait_limit");
     }
