@@ -16,6 +16,11 @@
 // The default run parks S both with cuStreamWaitValue32 and as vaswap does (a cuStreamBatchMemOp
 // of one wait), and also times copies between timing events, as vaswap's eviction worker does.
 // `park_probe --vmm` does vaswap's workers' VMM and pinned-memory calls while S is parked.
+// `park_probe --graphs` asks what the device handshake's copy graphs (core/transform/copy_graph.h)
+// need: while S is parked, a graph of one D2H memcpy node is made, instantiated, uploaded and
+// launched on O (does it run?); then an H2D graph into a VMM buffer whose pages were unmapped after
+// the node was added is launched behind a wait-value, the pages mapped again and the flag written
+// (does the copy land, with the right bytes?).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -170,27 +175,41 @@ bool vmm_map(Vmm* v, size_t bytes) {
 bool vmm_unmap(Vmm* v) {
   return cuMemUnmap(v->va, v->bytes) == CUDA_SUCCESS && cuMemRelease(v->handle) == CUDA_SUCCESS;
 }
+// What the VMM probes share: a mapped flag, a pinned host buffer, two VMM buffers (`a` filled with
+// `fill`), streams S (to park) and O, and an event.
+struct Parked {
+  unsigned* flag = nullptr;
+  unsigned char* host = nullptr;
+  Vmm a, b;
+  cudaStream_t s = nullptr, o = nullptr;
+  cudaEvent_t done = nullptr;
+};
+bool parked_setup(Parked* p, int fill) {
+  cudaSetDevice(0);
+  cudaFree(nullptr);
+  cudaHostAlloc(reinterpret_cast<void**>(&p->flag), 64, cudaHostAllocMapped);
+  cudaHostAlloc(reinterpret_cast<void**>(&p->host), kBytes, cudaHostAllocDefault);
+  if (!vmm_map(&p->a, kBytes) || !vmm_map(&p->b, kBytes)) {
+    std::printf("VMM setup failed\n");
+    return false;
+  }
+  cudaMemset(reinterpret_cast<void*>(p->a.va), fill, kBytes);
+  cudaDeviceSynchronize();
+  cudaStreamCreateWithFlags(&p->s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&p->o, cudaStreamNonBlocking);
+  cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming);
+  return true;
+}
 }  // namespace
 
 int vmm_while_parked() {
-  cudaSetDevice(0);
-  cudaFree(nullptr);
-  unsigned* flag = nullptr;
-  cudaHostAlloc(reinterpret_cast<void**>(&flag), 64, cudaHostAllocMapped);
-  void* host = nullptr;
-  cudaHostAlloc(&host, kBytes, cudaHostAllocDefault);
-  Vmm a, b, c;
-  if (!vmm_map(&a, kBytes) || !vmm_map(&b, kBytes)) {
-    std::printf("VMM setup failed\n");
-    return 1;
-  }
-  cudaMemset(reinterpret_cast<void*>(a.va), 1, kBytes);
-  cudaDeviceSynchronize();
-  cudaStream_t s, o;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&o, cudaStreamNonBlocking);
-  cudaEvent_t done;
-  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  Parked p;
+  if (!parked_setup(&p, 1)) return 1;
+  unsigned* flag = p.flag;
+  void* host = p.host;
+  Vmm a = p.a, b = p.b, c;
+  cudaStream_t s = p.s, o = p.o;
+  cudaEvent_t done = p.done;
   const char* cases[] = {"D2H out of a VMM buffer", "unmap+release another, then D2H",
                          "create+map+access a new buffer, then H2D into it",
                          "cuMemHostAlloc 32 MiB, then D2H into it"};
@@ -228,7 +247,97 @@ int vmm_while_parked() {
   return 0;
 }
 
+// A graph of one copy between `va` and pinned `host`, instantiated and uploaded on `stream`.
+bool copy_graph(cudaGraphExec_t* exec, CUdeviceptr va, void* host, size_t bytes, bool to_host,
+                cudaStream_t stream) {
+  CUDA_MEMCPY3D p{};
+  p.srcMemoryType = to_host ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  p.dstMemoryType = to_host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  if (to_host) {
+    p.srcDevice = va;
+    p.dstHost = host;
+  } else {
+    p.srcHost = host;
+    p.dstDevice = va;
+  }
+  p.WidthInBytes = p.srcPitch = p.dstPitch = bytes;
+  p.srcHeight = p.dstHeight = p.Height = p.Depth = 1;
+  CUcontext ctx = nullptr;
+  cuCtxGetCurrent(&ctx);
+  CUgraph g = nullptr;
+  CUgraphNode node = nullptr;
+  if (cuGraphCreate(&g, 0) != CUDA_SUCCESS) return false;
+  bool ok = cuGraphAddMemcpyNode(&node, g, nullptr, 0, &p, ctx) == CUDA_SUCCESS &&
+            cuGraphInstantiateWithFlags(reinterpret_cast<CUgraphExec*>(exec), g, 0) == CUDA_SUCCESS;
+  cuGraphDestroy(g);
+  return ok && cuGraphUpload(reinterpret_cast<CUgraphExec>(*exec),
+                             reinterpret_cast<CUstream>(stream)) == CUDA_SUCCESS;
+}
+
+int graphs_while_parked() {
+  Parked p;
+  if (!parked_setup(&p, 7)) return 1;
+  unsigned* flag = p.flag;
+  unsigned char* host = p.host;
+  Vmm a = p.a, c = p.b;
+  cudaStream_t s = p.s, o = p.o;
+  cudaEvent_t done = p.done;
+  // 1. S parked; a D2H graph made, instantiated, uploaded and launched on O.
+  *flag = 0;
+  cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), 1,
+                      CU_STREAM_WAIT_VALUE_GEQ);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto start = std::chrono::steady_clock::now();
+  cudaGraphExec_t d2h = nullptr;
+  const bool made = copy_graph(&d2h, a.va, host, kBytes, true, o);
+  const double make_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  bool ran = false;
+  if (made) {
+    cudaGraphLaunch(d2h, o);
+    cudaEventRecord(done, o);
+    ran = wait_event(done, 2.0);
+  }
+  __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+  cudaStreamSynchronize(s);
+  cudaStreamSynchronize(o);
+  std::printf(
+      "S parked; D2H graph made, instantiated and uploaded on O: %s in %.2f ms; its launch "
+      "%s; bytes %s\n",
+      made ? "ok" : "FAILED", make_ms, ran ? "ran" : "DID NOT RUN until the flag was written",
+      host[0] == 7 && host[kBytes - 1] == 7 ? "right" : "WRONG");
+  // 2. The ahead restore: an H2D graph into c, made while c has pages; c unmapped; on S a wait for
+  //    the flag, then the graph; the host maps c again and writes the flag.
+  std::memset(host, 9, kBytes);
+  cudaGraphExec_t h2d = nullptr;
+  const bool made_h2d = copy_graph(&h2d, c.va, host, kBytes, false, s);
+  cudaDeviceSynchronize();
+  const bool unmapped = vmm_unmap(&c);
+  *flag = 1;
+  cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), 2,
+                      CU_STREAM_WAIT_VALUE_GEQ);
+  const cudaError_t launched = cudaGraphLaunch(h2d, s);
+  cudaEventRecord(done, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool early = cudaEventQuery(done) == cudaSuccess;
+  const bool mapped = vmm_map(&c, kBytes);
+  __atomic_store_n(flag, 2, __ATOMIC_RELEASE);
+  const bool landed = wait_event(done, 2.0);
+  std::memset(host, 0, kBytes);
+  cudaMemcpy(host, reinterpret_cast<void*>(c.va), kBytes, cudaMemcpyDeviceToHost);
+  std::printf(
+      "H2D graph made with pages (%s), pages unmapped (%s), launched behind a wait-value "
+      "with none (%s), %s before the flag; pages mapped again (%s), flag written: the copy "
+      "%s; bytes %s\n",
+      made_h2d ? "ok" : "FAILED", unmapped ? "ok" : "FAILED", cudaGetErrorName(launched),
+      early ? "RAN" : "held", mapped ? "ok" : "FAILED", landed ? "landed" : "DID NOT LAND",
+      host[0] == 9 && host[kBytes - 1] == 9 ? "right" : "WRONG");
+  std::printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--graphs") == 0) return graphs_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
   if (argc > 1 && std::strcmp(argv[1], "--vmm") == 0) return vmm_while_parked();
   cudaSetDevice(0);

@@ -38,7 +38,9 @@ namespace vaswap {
   X(cuDeviceGetAttribute, 2000) X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000)            \
   X(cuGraphClone, 10000) X(cuGraphNodeFindInClone, 10000) X(cuGraphDestroy, 10000)                 \
   X(cuGraphNodeGetDependencies, 12030) X(cuGraphAddDependencies, 12030)                           \
-  X(cuGraphAddMemcpyNode, 10000) X(cuGraphAddBatchMemOpNode, 11070)
+  X(cuGraphAddMemcpyNode, 10000) X(cuGraphAddBatchMemOpNode, 11070)                        \
+  X(cuGraphCreate, 10000) X(cuGraphInstantiateWithFlags, 11040) X(cuGraphLaunch, 10000)           \
+  X(cuGraphUpload, 11010) X(cuGraphExecDestroy, 10000)
 // clang-format on
 
 struct Driver {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/errors.h"
+#include "transform/copy_graph.h"
 
 namespace vaswap {
 
@@ -38,29 +39,6 @@ class Clone {
   const Driver& driver_;
   CUgraph graph_ = nullptr;
 };
-
-CUDA_MEMCPY3D copy_params(const RewriteSlot& slot, bool to_host) {
-  CUDA_MEMCPY3D p{};
-  if (to_host) {
-    p.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = slot.va;
-    p.dstMemoryType = CU_MEMORYTYPE_HOST;
-    p.dstHost = slot.host;
-  } else {
-    p.srcMemoryType = CU_MEMORYTYPE_HOST;
-    p.srcHost = slot.host;
-    p.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = slot.va;
-  }
-  p.WidthInBytes = slot.bytes;
-  p.srcPitch = slot.bytes;
-  p.dstPitch = slot.bytes;
-  p.srcHeight = 1;
-  p.dstHeight = 1;
-  p.Height = 1;
-  p.Depth = 1;
-  return p;
-}
 
 }  // namespace
 
@@ -110,7 +88,7 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     const windows::Window& w = choice.windows[k];
     const RewriteSlot& slot = slots.at(w.candidate);
     const std::vector<CUgraphNode> before = nodes_at(w.before);
-    CUDA_MEMCPY3D out = copy_params(slot, true);
+    CUDA_MEMCPY3D out = copy_params(slot.va, slot.host, slot.bytes, true);
     CUgraphNode d2h = nullptr;
     with_pages(w.candidate, [&] {
       clone.call(driver.cuGraphAddMemcpyNode(&d2h, clone.get(), before.data(), before.size(), &out,
@@ -151,7 +129,7 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     clear.writeValue.address = f.mapped;
     clear.writeValue.value = 0;
     const CUgraphNode mapped = memop({trigger}, {wait, clear}, subject + " (wait for the map)");
-    CUDA_MEMCPY3D in = copy_params(slot, false);
+    CUDA_MEMCPY3D in = copy_params(slot.va, slot.host, slot.bytes, false);
     CUgraphNode h2d = nullptr;
     with_pages(w.candidate, [&] {
       clone.call(driver.cuGraphAddMemcpyNode(&h2d, clone.get(), &mapped, 1, &in, context),
