@@ -317,8 +317,8 @@ void say_summary() {
       r.oom_launches, r.device_handshake ? "device" : "host", p.stall_us / 1e3, p.stalls,
       p.on_demand_restores, p.map_wait_us / 1e3, p.map_waits,
       r.device_handshake ? fmt::format("; first-time work waited {:.1f} ms for parked streams ({} "
-                                       "waits)",
-                                       r.settle_wait_us / 1e3, r.settle_waits)
+                                       "waits); {} restores mapped beyond the budget",
+                                       r.settle_wait_us / 1e3, r.settle_waits, r.budget_overshoots)
                          : std::string(),
       p.guard_hits, p.deviations, s.errors, trace_lost);
   if (in.graphs > 0) {
@@ -356,6 +356,7 @@ void say_summary() {
       .add("map_waits", p.map_waits)
       .add("settle_waits", r.settle_waits)
       .add("settle_wait_us", r.settle_wait_us)
+      .add("budget_overshoots", r.budget_overshoots)
       .add("on_demand", p.on_demand_restores)
       .add("guard_hits", p.guard_hits)
       .add("deviations", p.deviations)

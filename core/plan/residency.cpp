@@ -26,12 +26,18 @@
 #include "base/trace.h"
 #include "slots/engine.h"
 #include "slots/worker.h"
+#include "transform/copy_graph.h"
 
 namespace vaswap::residency {
 
 namespace {
 
 constexpr size_t kFlagsPerChunk = 1024;
+// Device handshake: at most this many streams for evictions' D2H copies per device.
+constexpr size_t kAheadStreams = 16;
+// Device handshake: how long a restore waits for room, with nothing on its way to make it, before
+// it maps beyond a size budget (at most a quarter of residency.wait_limit).
+constexpr uint64_t kOvershootAfterNs = 100000000;
 constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
 // A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
 // transient failure (another process briefly holding memory) costs milliseconds, not the job.
@@ -140,7 +146,8 @@ struct Flag {
   uint32_t load() const { return __atomic_load_n(host, __ATOMIC_ACQUIRE); }
 };
 
-// Device handshake: a stream's wait on the device for a slot's restore, until its flag is written.
+// Device handshake: vaswap's restore stream waits on the device for a slot's pages, until the
+// mover writes the slot's flag once it has mapped them.
 struct FlagWait {
   Flag flag;
   uint32_t value = 0;  // the stream runs on once the flag reaches it
@@ -160,9 +167,13 @@ struct Entry {
   uint64_t id = 0;
   uint64_t pages = 0;    // mapped bytes: what the budget counts
   uint64_t bytes = 0;    // what copies move
-  void* host = nullptr;  // its pinned copy, kept while it moves
-  // Host handshake: the restore of `ready` was submitted, and ready_event follows its copy.
+  void* host = nullptr;  // its pinned copy, kept from its first eviction until it is freed
+  // Follows the copy of the restore of `ready` (recorded when it was decided, if `ahead`; else
+  // once the mover submitted it).
   CUevent ready_event = nullptr;
+  // Device handshake: its D2H and H2D as graphs (transform/copy_graph.h), made at its first
+  // eviction while it has pages; null until then.
+  CUgraphExec d2h_exec = nullptr, h2d_exec = nullptr;
   uint64_t lru = 0;
   // Evictions decided, and done (unmapped, given up or skipped): a restore waits for those
   // decided before it, and only those (an eviction decided later follows it in the queue).
@@ -184,6 +195,9 @@ struct Entry {
   bool forgotten = false;
   bool evicted_once = false;
   bool restored_once = false;  // `ready` names a restore of this slot's (else the flag's past)
+  bool ahead = false;  // device handshake: the restore of `ready` was enqueued when decided, and
+                       // launches wait for its ready_event on the device, not for the mover
+  bool used_since_restore = false;  // work using it was enqueued after its latest restore
 };
 
 enum class JobKind { restore, evict };
@@ -200,6 +214,10 @@ struct Job {
   std::vector<Mark> last_uses;   // evict: the same with their streams (a reclaim gives them back)
   const char* cause = "";
   uint64_t decided_ns = 0;
+  // Device handshake: enqueued when decided. A restore: the wait for the flag, then its H2D (the
+  // mover only maps and writes the flag). An eviction: its D2H between `start` and `done`.
+  bool ahead = false;
+  CUevent start = nullptr, done = nullptr;
 };
 
 struct Unmap {
@@ -211,18 +229,16 @@ struct Unmap {
   uint64_t bytes = 0;
   uint64_t queued_ns = 0;
   // What the copy waits for, checked on the host: the slot's last uses, and the restore it
-  // follows (its flag's value, or its event under the host handshake).
+  // follows (`restore`, landed once the slot's `landed` reaches it).
   std::vector<MarkRef> waits;
   std::vector<Mark> last_uses;  // the same marks with their streams
-  Flag flag;
-  uint32_t restore = 0;
   bool after_restore = false;
-  bool device_handshake = false;
-  CUevent restore_event = nullptr;
+  uint32_t restore = 0;
   // Once the dependencies are done: the D2H between two timing events, on the offload stream.
   bool submitted = false;
   bool failed = false;  // the copy could not be enqueued: the slot stays resident
   CUevent start = nullptr, done = nullptr;
+  uint64_t waiting_since = 0;  // the unmapper began to wait for it (residency.wait_limit)
 };
 
 // Which of an eviction's dependencies had not completed when its wait ran out.
@@ -250,13 +266,6 @@ std::string stuck_part(const Driver& driver, const Unmap& unmap) {
     parts += "; " + std::to_string(pending) + " of its " + std::to_string(unmap.waits.size()) +
              " last uses (one per stream) did not complete";
   }
-  if (unmap.after_restore && unmap.device_handshake) {
-    const uint32_t now = __atomic_load_n(unmap.flag.host, __ATOMIC_ACQUIRE);
-    if (static_cast<int32_t>(now - unmap.restore) < 0) {
-      parts += "; the restore it follows did not land (flag " + std::to_string(now) +
-               ", waiting for " + std::to_string(unmap.restore) + ")";
-    }
-  }
   return parts.empty() ? "; the restore it follows did not land" : parts;
 }
 
@@ -268,12 +277,24 @@ struct Copied {
   CUevent start = nullptr, end = nullptr;
   uint64_t queued_ns = 0;
   uint32_t ready = 0;  // the restore it carries (Entry::landed once it is done)
+  // Device handshake: the copy waits on the device until `flag` reaches `ready` (the watchdog
+  // bounds that wait); only then does residency.wait_limit run for the copy itself.
+  Flag flag;
+  bool ahead = false;
 };
 
 struct Device {
   int ordinal = 0;
   CUcontext context = nullptr;
   CUstream offload = nullptr, restore = nullptr;
+  // Device handshake: the copies enqueued when decided, on streams of their own. Only these wait
+  // on the device (restores for their flags, evictions for their slots' last uses); the host
+  // path's copies on the two above are never queued behind such a wait. Restores wait in the
+  // mover's order, on one stream. An eviction's D2H goes on an idle stream of `ahead_out`: one
+  // whose last uses have not completed would otherwise hold back the evictions decided after it,
+  // which a restore waiting for room may need (the stress suite deadlocked so).
+  std::vector<CUstream> ahead_out;
+  CUstream ahead_in = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
   uint64_t committed = 0;  // host order: pages of resident slots (restores queued included),
@@ -285,11 +306,14 @@ struct Device {
   uint64_t total = 0;      // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
-  std::deque<Copied> copies;
+  // Restore copies in flight, each stream's in its order: the host path's on `restore`, the
+  // device handshake's on `ahead_in` (where one may wait for room while the other lands).
+  std::deque<Copied> copies, ahead_copies;
   std::condition_variable jobs_cv, unmaps_cv, copies_cv;
   int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
   int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
   uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
+  uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
 };
 
@@ -298,7 +322,7 @@ struct Actions {
   int device = -1;
   std::vector<Job> jobs;                 // in decision order
   std::vector<std::vector<Mark>> marks;  // per job: the marks an eviction waits for
-  std::vector<FlagWait> flag_waits;      // device handshake, on the stream
+  std::vector<Entry*> event_waits;       // device handshake: the stream waits for ready_event
   std::vector<Entry*> host_waits;        // host handshake: wait for their submission
 };
 
@@ -354,10 +378,12 @@ class Residency {
  private:
   // *_locked: under mutex_, no driver calls.
   Device& device_locked(int ordinal);
-  // No eviction or restore of it under way: never used, resident with its restore submitted, or
-  // offloaded with its evictions done.
+  // No eviction or restore of it under way: never used, resident with its restore submitted and
+  // its data landed, or offloaded with its evictions done.
   static bool settled(const Entry& e) {
-    return e.where == Where::unbacked || (e.where == Where::resident && e.mapped && e.submitted) ||
+    return e.where == Where::unbacked ||
+           (e.where == Where::resident && e.mapped && e.submitted &&
+            (!e.restored_once || static_cast<int32_t>(e.landed - e.ready) >= 0)) ||
            (e.where == Where::offloaded && e.evictions_done == e.evictions_decided && !e.mapped);
   }
   Entry* find_locked(const Slot* slot) {
@@ -379,6 +405,21 @@ class Residency {
   int64_t distance_locked(const Entry& e) const;
   bool parked_locked(const StreamKey& key) const;
   bool held_by_parked_stream_locked(const Entry& e) const;
+  // Device handshake: an eviction of `e` decided now can enqueue its D2H at once (evict_ahead),
+  // on the device behind its last uses and its latest restore: it has no data, or its copy
+  // graphs, or the pages to make them with; and its latest restore has landed or work that uses
+  // the slot was enqueued after it. Other slots are not chosen:
+  // - a copy the host path enqueues later could queue behind a stream parked for room that this
+  //   very eviction is to give;
+  // - a restore that nothing used yet would be undone before it lands. Its room was counted when
+  //   it was decided, and this eviction would give that room to later restores; it would then
+  //   wait for room that only evictions decided after it make (the stress suite deadlocked so).
+  static bool evicts_ahead_locked(const Entry& e) {
+    const bool restore_done =
+        !e.restored_once || e.used_since_restore || static_cast<int32_t>(e.landed - e.ready) >= 0;
+    return restore_done && (!e.has_data || e.d2h_exec != nullptr ||
+                            (e.mapped && !e.unmapping && e.evictions_done == e.evictions_decided));
+  }
   // `recorded_only`: only slots whose last uses are closed by a recorded mark already, so that
   // evicting them records nothing on any stream (one may be capturing).
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
@@ -404,6 +445,12 @@ class Residency {
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
+  bool evict_ahead(Device& d, Job& job);
+  CUstream idle_out_stream(Device& d);
+  // Uploads them on the two streams given.
+  bool make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host, CUstream d2h_upload,
+                        CUstream h2d_upload);
+  void restore_ahead(Device& d, Job& job);
   bool wait_submitted(const std::vector<Entry*>& entries, bool* blocked, std::string* why);
   bool wait_mapped(const std::vector<Slot*>& slots, std::string* why);
   void used_submitted(const Acquired& acquired);
@@ -411,7 +458,7 @@ class Residency {
   // Workers.
   void run_mover(Device& d);
   void run_unmapper(Device& d);
-  void run_completions(Device& d);
+  void run_completions(Device& d, std::deque<Copied>& copies, const char* name);
   CUevent spare_event(Device& d);
   void do_restore(Device& d, const Job& job);
   void do_evict(Device& d, const Job& job);
@@ -475,6 +522,8 @@ class Residency {
   uint64_t tick_ = 0;
   Stats stats_;
   bool said_fallback_ = false;
+  bool said_graphs_ = false;
+  bool said_overshoot_ = false;
 
  public:
   std::atomic<int> captures_{0};    // captures open in the process (the preload's count)
@@ -522,7 +571,10 @@ Device& Residency::device(int ordinal) {
   Device* device = slot.get();
   std::thread([this, device] { run_mover(*device); }).detach();
   std::thread([this, device] { run_unmapper(*device); }).detach();
-  std::thread([this, device] { run_completions(*device); }).detach();
+  std::thread([this, device] { run_completions(*device, device->copies, "vaswap-cpl"); }).detach();
+  std::thread([this, device] {
+    run_completions(*device, device->ahead_copies, "vaswap-cpa");
+  }).detach();
   return *slot;
 }
 
@@ -553,27 +605,33 @@ void Residency::start_device(Device& d) {
     d.reserve = reserve_locked(d);
   }
   d.limit = free_bytes;
-  // The host handshake unless the device one is asked for: on an H200 the device handshake
-  // deadlocked (a restore's H2D on vaswap's stream never ran while the application's stream was
-  // parked on its flag; docs/PLANNER.md, "Handshakes"). The device one needs stream memory
-  // operations, and must not park a stream where one hardware queue would hold vaswap's copies
-  // behind it (CUDA_DEVICE_MAX_CONNECTIONS=1).
+  // The device handshake unless the host one is asked for. It needs stream memory operations,
+  // and is not used with one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1), where the restore
+  // stream's wait for pages would hold every stream's later work behind it. The automatic choice
+  // falls back to the host handshake there, and says so once.
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const bool one_queue = connections != nullptr && std::atoi(connections) == 1;
   std::string fallback;
-  if (s.handshake != Handshake::device) {
-    fallback = s.handshake == Handshake::host ? "residency.handshake is host"
-                                              : "residency.handshake is auto";
+  if (s.handshake == Handshake::host) {
+    fallback = "residency.handshake is host";
   } else if (one_queue) {
     fallback =
-        "CUDA_DEVICE_MAX_CONNECTIONS=1 (a stream waiting on the device would hold vaswap's copies "
-        "behind it)";
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 (the restore stream's wait for pages would hold every "
+        "stream's later work behind it)";
   } else {
     const Flag probe = take_flag(d);
     CUresult rc = driver.cuStreamWriteValue32(d.restore, probe.device, 0, 0);
     // The probe's write must land before its flag serves a slot: a late write of 0 would undo a
     // restore's publication, and a stream would wait for it forever.
     if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(d.restore);
+    if (rc == CUDA_SUCCESS) {
+      rc = with_retries([&] { return driver.cuStreamCreate(&d.ahead_in, CU_STREAM_NON_BLOCKING); });
+      if (rc != CUDA_SUCCESS) {
+        die(cuda_failure(
+            "cuStreamCreate", rc,
+            "vaswap's device-handshake streams on device " + std::to_string(d.ordinal)));
+      }
+    }
     if (rc == CUDA_SUCCESS) {
       d.device_handshake = true;
       parks_.store(true, std::memory_order_release);
@@ -587,15 +645,15 @@ void Residency::start_device(Device& d) {
     die("residency.handshake is device, but " + fallback);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (d.device_handshake && !said_fallback_) {
+  if (!fallback.empty() && s.handshake == Handshake::automatic && !said_fallback_) {
     said_fallback_ = true;
     log().warn(
-        "device {}: residency.handshake is device: launches wait for restores on the device. On "
-        "an H200 this deadlocked under a tight budget (docs/PLANNER.md, \"Handshakes\"); every "
-        "wait is bounded by residency.wait_limit",
-        d.ordinal);
+        "device {}: the host handshake, because {}: a launch whose restores were not started "
+        "early enough waits on the host for them to be submitted (docs/PLANNER.md, "
+        "\"Handshakes\")",
+        d.ordinal, fallback);
   }
-  stats_.device_handshake = d.device_handshake;
+  stats_.device_handshake = stats_.device_handshake || d.device_handshake;
   if (trace::enabled()) {
     trace::Record(trace::Event::residency)
         .add("device", d.ordinal)
@@ -771,6 +829,7 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
     if (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) continue;
     if (!parked_.empty() && held_by_parked_stream_locked(e)) continue;
+    if (d.device_handshake && !evicts_ahead_locked(e)) continue;
     candidates.push_back(const_cast<Entry*>(&e));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
@@ -844,12 +903,17 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   e.where = Where::resident;
   ++e.ready;
   e.restored_once = true;
+  e.used_since_restore = false;
   e.waited.clear();
   e.submitted = false;
+  // Device handshake: enqueued now, unless its data has no copy graph to come back with (its
+  // evictions took the host path); then the host handshake stands in for this restore.
+  e.ahead = d.device_handshake && (!e.has_data || e.h2d_exec != nullptr);
   Job job;
   job.kind = JobKind::restore;
   job.slot = e.id;
   job.ready = e.ready;
+  job.ahead = e.ahead;
   job.after_evictions = e.evictions_decided;
   job.with_data = e.has_data;
   job.cause = cause;
@@ -899,13 +963,8 @@ void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out)
   } else {
     seen->second = e.ready;
   }
-  if (device_locked(e.device).device_handshake) {
-    FlagWait wait;
-    wait.flag = e.flag;
-    wait.value = e.ready;
-    wait.slot = e.id;
-    wait.device = e.device;
-    out->flag_waits.push_back(wait);
+  if (e.ahead) {
+    out->event_waits.push_back(&e);
   } else {
     out->host_waits.push_back(&e);
   }
@@ -970,7 +1029,8 @@ bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::stri
   return true;
 }
 
-// Turns marks into events, queues the jobs for the mover, and makes `stream` (if any) wait.
+// Turns marks into events, enqueues the device handshake's copies, queues the jobs for the
+// workers, and makes `stream` (if any) wait.
 void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
   for (size_t i = 0; i < a.jobs.size(); ++i) {
     for (const Mark& m : a.marks[i]) {
@@ -980,40 +1040,246 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
     a.jobs[i].last_uses = a.marks[i];
   }
   if (!a.jobs.empty()) {
+    bool device_handshake = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      device_handshake = device_locked(a.device).device_handshake;
+    }
+    // In decision order: an eviction's D2H is on the offload stream before any restore decided
+    // after it waits for its room.
+    if (device_handshake) {
+      Device& d = device(a.device);
+      ContextScope scope(drv(), d.context);
+      for (Job& job : a.jobs) {
+        if (job.kind == JobKind::evict) {
+          if (job.with_data) job.ahead = evict_ahead(d, job);
+        } else if (job.ahead) {
+          restore_ahead(d, job);
+        }
+      }
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     Device& d = device_locked(a.device);
     for (Job& job : a.jobs) d.jobs.push_back(std::move(job));
     d.jobs_cv.notify_all();
   }
-  if (waits && !a.flag_waits.empty()) {
+  if (!waits) return;
+  const Driver& driver = drv();
+  for (Entry* e : a.event_waits) {
+    CUevent event = nullptr;
+    uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const uint64_t now = trace::now_ns();
-      for (FlagWait& w : a.flag_waits) w.since = now;
-      auto& parked = parked_[key_of(stream)];
-      parked.insert(parked.end(), a.flag_waits.begin(), a.flag_waits.end());
-      if (!watching_) {
-        watching_ = true;
-        std::thread([this] { run_watchdog(); }).detach();
-      }
+      event = e->ready_event;
+      id = e->id;
     }
-    std::vector<CUstreamBatchMemOpParams> ops(a.flag_waits.size());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      ops[i] = CUstreamBatchMemOpParams{};
-      ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-      ops[i].waitValue.address = a.flag_waits[i].flag.device;
-      ops[i].waitValue.value = a.flag_waits[i].value;
-      ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    }
-    const CUresult rc =
-        drv().cuStreamBatchMemOp(stream, static_cast<unsigned>(ops.size()), ops.data(), 0);
+    const CUresult rc = with_retries([&] { return driver.cuStreamWaitEvent(stream, event, 0); });
     if (rc != CUDA_SUCCESS) {
-      die(cuda_failure("cuStreamBatchMemOp", rc,
-                       "the wait for " + std::to_string(ops.size()) +
-                           " restored slot(s) on stream " +
-                           hex(reinterpret_cast<uintptr_t>(stream))));
+      die(cuda_failure("cuStreamWaitEvent", rc,
+                       "the wait of stream " + hex(reinterpret_cast<uintptr_t>(stream)) +
+                           " for the restore of slot " + std::to_string(id)) +
+          ". Its data is safe in pinned host memory");
     }
   }
+}
+
+// The device handshake's eviction: the D2H enqueued now on the offload stream, behind the slot's
+// last uses and the restore it follows (waits on the device for their events, all recorded
+// before), so that no copy a parked stream's restore needs is enqueued after that stream parked
+// (docs/PLANNER.md, "Handshakes"). False when it cannot be: a last use not recorded (its stream
+// captures), the restore it follows took the host path, or no copy graph can be made (the slot
+// has no pages now, before its first eviction); the unmapper then enqueues the copy once the
+// host sees its dependencies done.
+bool Residency::evict_ahead(Device& d, Job& job) {
+  Slot* slot = nullptr;
+  void* host = nullptr;
+  bool make = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(job.slot);
+    if (e == nullptr || e->forgotten || e->host == nullptr) return false;
+    slot = e->slot;
+    host = e->host;
+    make = e->d2h_exec == nullptr;
+    // Made while it has pages, and no earlier eviction of it could unmap them meanwhile.
+    if (make && !(e->mapped && !e->unmapping && e->evictions_done + 1 == e->evictions_decided)) {
+      return false;
+    }
+    if (make) ++e->busy;
+  }
+  const BusyHold hold(*this, make ? job.slot : 0);
+  if (make && !make_copy_graphs(d, job.slot, slot, host, idle_out_stream(d), d.ahead_in)) {
+    return false;
+  }
+  // Made first: the slot's next restore goes ahead even if this eviction cannot.
+  for (const MarkRef& m : job.waits) {
+    if (!m->closed()) return false;
+  }
+  CUgraphExec exec = nullptr;
+  CUevent after = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Entry* e = by_id_locked(job.slot);
+    if (e == nullptr) return false;
+    exec = e->d2h_exec;
+    if (job.after_restore) {
+      // The host path's restore records its event only once the mover submits it: then the
+      // unmapper waits for it on the host. The graphs made now serve the slot's next moves.
+      if (!e->ahead || e->ready_event == nullptr) return false;
+      after = e->ready_event;
+    }
+  }
+  const Driver& driver = drv();
+  const std::string subject = "the eviction of " + slot->describe();
+  const CUstream out = idle_out_stream(d);
+  const auto wait_for = [&](CUevent event) {
+    const CUresult rc = with_retries([&] { return driver.cuStreamWaitEvent(out, event, 0); });
+    if (rc != CUDA_SUCCESS) die(cuda_failure("cuStreamWaitEvent", rc, subject));
+  };
+  for (const MarkRef& m : job.waits) wait_for(m->event.load(std::memory_order_acquire));
+  if (after != nullptr) wait_for(after);
+  job.start = spare_event(d);
+  job.done = spare_event(d);
+  record_or_die(driver, job.start, out, subject);
+  const CUresult rc = with_retries([&] { return driver.cuGraphLaunch(exec, out); });
+  if (rc != CUDA_SUCCESS) {
+    // Nothing after this may take the host copy for the slot's data: the process ends.
+    die(cuda_failure("cuGraphLaunch", rc, subject + " (its D2H)") +
+        ". The slot's pages and data were not touched");
+  }
+  record_or_die(driver, job.done, out, subject);
+  return true;
+}
+
+// A stream of `ahead_out` with nothing left to run, or a new one (up to kAheadStreams; past that,
+// the one used longest ago, behind whatever it still holds).
+CUstream Residency::idle_out_stream(Device& d) {
+  const Driver& driver = drv();
+  for (size_t i = 0; i < d.ahead_out.size(); ++i) {
+    if (driver.cuStreamQuery(d.ahead_out[i]) == CUDA_SUCCESS) {
+      CUstream s = d.ahead_out[i];
+      d.ahead_out.erase(d.ahead_out.begin() + static_cast<std::ptrdiff_t>(i));
+      d.ahead_out.push_back(s);  // most recently used last
+      return s;
+    }
+  }
+  if (d.ahead_out.size() < kAheadStreams) {
+    CUstream s = nullptr;
+    const CUresult rc =
+        with_retries([&] { return driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING); });
+    if (rc == CUDA_SUCCESS) {
+      d.ahead_out.push_back(s);
+      return s;
+    }
+    if (d.ahead_out.empty()) {
+      die(cuda_failure("cuStreamCreate", rc,
+                       "vaswap's eviction streams on device " + std::to_string(d.ordinal)));
+    }
+  }
+  CUstream s = d.ahead_out.front();
+  d.ahead_out.erase(d.ahead_out.begin());
+  d.ahead_out.push_back(s);
+  return s;
+}
+
+// Makes the slot's copy graphs (once, at its first eviction, while it has pages). A graph of one
+// memcpy node loads no module: made, uploaded and launched while a stream is parked, it runs
+// (bench/results/park_probe_graphs_h200.txt), so this does not wait for parked streams (which
+// could wait for this very decision's evictions). False, with a warning the first time, when
+// they cannot be made: the slot is then evicted by the host path.
+bool Residency::make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host,
+                                 CUstream d2h_upload, CUstream h2d_upload) {
+  std::string why;
+  CUgraphExec d2h = nullptr, h2d = nullptr;
+  try {
+    d2h = make_copy_exec(drv(), d.context, d2h_upload, slot->va, host, slot->bytes, true,
+                         "the D2H graph of " + slot->describe());
+    h2d = make_copy_exec(drv(), d.context, h2d_upload, slot->va, host, slot->bytes, false,
+                         "the H2D graph of " + slot->describe());
+  } catch (const Error& error) {
+    why = error.what();
+  }
+  if (h2d == nullptr) {
+    if (d2h != nullptr) drv().cuGraphExecDestroy(d2h);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!said_graphs_) {
+      said_graphs_ = true;
+      log().warn("{}; such slots take the host handshake", why);
+    }
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = by_id_locked(id);
+  if (e == nullptr || e->d2h_exec != nullptr) {
+    drv().cuGraphExecDestroy(d2h);
+    drv().cuGraphExecDestroy(h2d);
+    return e != nullptr;
+  }
+  e->d2h_exec = d2h;
+  e->h2d_exec = h2d;
+  return true;
+}
+
+// The device handshake's restore, enqueued now on the restore stream: a wait on the device for
+// the slot's flag (the mover writes it once the pages are mapped), the H2D, and the slot's ready
+// event, which launches that need the slot wait for. The application's thread waits for nothing.
+void Residency::restore_ahead(Device& d, Job& job) {
+  Flag flag;
+  CUgraphExec exec = nullptr;
+  CUevent ready = nullptr;
+  Slot* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(job.slot);
+    if (e == nullptr) return;
+    flag = e->flag;
+    exec = e->h2d_exec;
+    ready = e->ready_event;
+    slot = e->slot;
+  }
+  const Driver& driver = drv();
+  const std::string subject = "the restore of " + slot->describe();
+  if (ready == nullptr) {
+    const CUresult made = driver.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING);
+    if (made != CUDA_SUCCESS) die(cuda_failure("cuEventCreate", made, subject));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (Entry* e = by_id_locked(job.slot)) e->ready_event = ready;
+  }
+  const CUresult waited = with_retries([&] {
+    return driver.cuStreamWaitValue32(d.ahead_in, flag.device, job.ready, CU_STREAM_WAIT_VALUE_GEQ);
+  });
+  if (waited != CUDA_SUCCESS) die(cuda_failure("cuStreamWaitValue32", waited, subject));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    FlagWait wait;
+    wait.flag = flag;
+    wait.value = job.ready;
+    wait.slot = job.slot;
+    wait.device = d.ordinal;
+    wait.since = trace::now_ns();
+    parked_[StreamKey{d.ahead_in, 0}].push_back(wait);
+    if (!watching_) {
+      watching_ = true;
+      std::thread([this] { run_watchdog(); }).detach();
+    }
+  }
+  if (job.with_data && exec != nullptr) {
+    Copied copied{job.slot,  slot->va, slot->bytes, spare_event(d), spare_event(d), 0,
+                  job.ready, flag,     true};
+    record_or_die(driver, copied.start, d.ahead_in, subject);
+    const CUresult rc = with_retries([&] { return driver.cuGraphLaunch(exec, d.ahead_in); });
+    if (rc != CUDA_SUCCESS) {
+      die(cuda_failure("cuGraphLaunch", rc, subject + " (its H2D)") +
+          ". Its data is safe in pinned host memory");
+    }
+    record_or_die(driver, copied.end, d.ahead_in, subject);
+    copied.queued_ns = trace::now_ns();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++d.h2d_in_flight;
+    d.ahead_copies.push_back(copied);
+    d.copies_cv.notify_all();
+  }
+  record_or_die(driver, ready, d.ahead_in, subject);
 }
 
 // Host handshake: until each restore was submitted; then the stream waits for its copy.
@@ -1116,11 +1382,14 @@ void Residency::forget(Slot* slot) {
     d.physical -= e->pages;
     stats_.resident_bytes -= e->pages;
   }
-  // Device handshake: a stream may wait for a restore of this slot that the mover will now skip.
-  // Its flag is written on the restore stream (after every earlier write there: it never goes
-  // back), so the synchronize below, and that stream, do not wait forever.
+  // Device handshake: the restore stream may wait for a restore of this slot that the mover will
+  // now skip, with its H2D behind the wait. The slot gets pages for it (the engine unmaps them
+  // when it destroys the slot) and the flag is written, so the synchronize below, and that
+  // stream, do not wait forever, and the copy lands in pages.
   const bool unpublished =
-      d.device_handshake && static_cast<int32_t>(e->ready - e->flag.load()) > 0;
+      d.device_handshake && e->ahead && static_cast<int32_t>(e->ready - e->flag.load()) > 0;
+  const bool map_now = unpublished && !e->mapped;
+  const CUgraphExec copy_graphs[] = {e->d2h_exec, e->h2d_exec};
   const Flag flag = e->flag;
   const uint32_t ready = e->ready;
   const uint64_t id = e->id;
@@ -1135,12 +1404,21 @@ void Residency::forget(Slot* slot) {
   // or out of the host buffer finishes before it is reused.
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
-  if (unpublished &&
-      driver.cuStreamWriteValue32(d.restore, flag.device, ready, 0) != CUDA_SUCCESS) {
-    log().error("slot {}: its restore's flag could not be written for the streams waiting on it",
-                id);
+  if (map_now) {
+    try {
+      engine().back(slot, std::nullopt);
+    } catch (const Error& error) {
+      die("slot " + std::to_string(id) +
+          " is freed while its restore's copy waits on the device for its pages, and they cannot "
+          "be mapped: " +
+          error.what());
+    }
   }
+  if (unpublished) flag.store(ready);
   driver.cuCtxSynchronize();
+  for (CUgraphExec exec : copy_graphs) {
+    if (exec != nullptr) driver.cuGraphExecDestroy(exec);
+  }
   // Its flag may be read by queued waits, and written by a restore's write or the one above,
   // until now: it is reused only after that. (Given back before, another thread's new slot took
   // it, started its sequence from the value it read, and a late write of this slot's value then
@@ -1222,7 +1500,8 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                 return other.device == ordinal && other.where == Where::resident &&
                        std::find(needed.begin(), needed.end(), &other) == needed.end() &&
                        (other.pins > 0 || !evictable_during_capture_locked(other) ||
-                        held_by_parked_stream_locked(other));
+                        held_by_parked_stream_locked(other) ||
+                        (d.device_handshake && !evicts_ahead_locked(other)));
               });
         }
         if (!pinned_elsewhere && d.committed + new_pages - freed > budget.limit) {
@@ -1297,7 +1576,7 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         ++e->pins;
         acquired->slots.push_back(e->slot);
       }
-      acquired->waits = actions.flag_waits.size() + actions.host_waits.size();
+      acquired->waits = actions.event_waits.size() + actions.host_waits.size();
       stats_.peak_resident = std::max(stats_.peak_resident, d.committed);
     }
     carry_out(actions, true, stream);
@@ -1380,6 +1659,7 @@ void Residency::used_submitted(const Acquired& acquired) {
       --e->pins;
       e->lru = tick_;
       e->has_data = true;
+      e->used_since_restore = true;
       bool found = false;
       for (Mark& m : e->marks) {
         if (m.stream == key) {
@@ -1538,7 +1818,7 @@ void Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
     for (Slot* slot : slots) {
       Entry* e = find_locked(slot);
       if (e != nullptr && e->device == actions.device && e->where == Where::resident &&
-          e->pins == 0) {
+          e->pins == 0 && (!device_locked(e->device).device_handshake || evicts_ahead_locked(*e))) {
         victims.push_back(e);
       }
     }
@@ -1675,7 +1955,8 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
           const Entry& e = entry.second;
           return e.device == ordinal && e.where == Where::resident &&
                  (e.pins > 0 || !evictable_during_capture_locked(e) ||
-                  held_by_parked_stream_locked(e));
+                  held_by_parked_stream_locked(e) ||
+                  (d.device_handshake && !evicts_ahead_locked(e)));
         });
       }
     }
@@ -1872,18 +2153,19 @@ void Residency::run_watchdog() {
                   return job.kind == JobKind::restore && job.slot == w.slot;
                 });
           }
-          stalled = "stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
-                    " has waited on the "
-                    "device for " +
+          // The flag is written once the mover has mapped the slot's pages.
+          stalled = "vaswap's restore stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
+                    " has waited on the device (CUDA_ERROR_LAUNCH_TIMEOUT) for " +
                     std::to_string((now - w.since) / 1000000) + " ms (residency.wait_limit " +
-                    std::to_string(limit / 1000000) + " ms) for the restore of slot " +
+                    std::to_string(limit / 1000000) + " ms) for the pages of the restore of slot " +
                     std::to_string(w.slot) + " on device " + std::to_string(w.device) +
                     ", whose flag holds " + std::to_string(w.flag.load()) + " and not yet " +
                     std::to_string(w.value) +
                     (queued ? "; the restore still waits for vaswap's mover"
-                            : "; the restore was taken up and its copy has not landed") +
-                    " (device handshake: docs/PLANNER.md, \"Handshakes\"; the host handshake, "
-                    "residency.handshake=host, does not park streams)";
+                            : "; the mover took it up and has not mapped the pages") +
+                    ", and the launches that use the slot wait for its copy (device handshake: "
+                    "docs/PLANNER.md, \"Handshakes\"; the host handshake, "
+                    "residency.handshake=host, parks no stream)";
           break;
         }
         if (!stalled.empty()) break;
@@ -1902,9 +2184,10 @@ void Residency::run_watchdog() {
     if (lock.owns_lock()) {
       for (const auto& [ordinal, d] : devices_) {
         log().debug(
-            "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight)",
+            "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight, the "
+            "unmapper at slot {})",
             ordinal, d->committed, d->physical, d->lent, d->jobs.size(), d->unmaps.size(),
-            d->unmaps_in_flight);
+            d->unmaps_in_flight, d->unmapping);
         for (const Job& job : d->jobs) {
           size_t open = 0, running = 0;
           for (const MarkRef& m : job.waits) {
@@ -1925,9 +2208,11 @@ void Residency::run_watchdog() {
         }
       }
       for (const auto& [slot, e] : entries_) {
-        log().debug("slot {}: where {} mapped {} evictions {}/{} ready {} flag {}", e.id,
-                    static_cast<int>(e.where), e.mapped, e.evictions_done, e.evictions_decided,
-                    e.ready, *e.flag.host);
+        log().debug(
+            "slot {}: where {} mapped {} evictions {}/{} ready {} flag {} landed {} ahead {} pins "
+            "{} busy {} graphs {}",
+            e.id, static_cast<int>(e.where), e.mapped, e.evictions_done, e.evictions_decided,
+            e.ready, *e.flag.host, e.landed, e.ahead, e.pins, e.busy, e.d2h_exec != nullptr);
       }
     }
   }
@@ -2026,14 +2311,10 @@ bool Residency::relieve(Device& d, uint64_t restoring) {
       }
       bool landed = !job.after_restore;
       if (!landed) {
-        // The restore it follows is done: the device's flag says so (device handshake), or the
-        // completion thread saw its copy end (host handshake).
+        // The restore it follows is done: the completion thread saw its copy end, or the mover
+        // mapped it (no data).
         const Entry* e = by_id_locked(job.slot);
-        const uint32_t now = e == nullptr         ? 0
-                             : d.device_handshake ? __atomic_load_n(e->flag.host, __ATOMIC_ACQUIRE)
-                                                  : e->landed;
-        landed = e != nullptr && (e->submitted || !d.device_handshake) &&
-                 static_cast<int32_t>(now - job.ready) >= 0;
+        landed = e != nullptr && static_cast<int32_t>(e->landed - job.ready) >= 0;
       }
       if (landed) eligible.push_back({job.slot, job.waits, landed});
     }
@@ -2106,7 +2387,26 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
     }
     if (entry == nullptr) continue;
     std::string why;
-    const bool copy = ensure_host_copies({entry}, &why);
+    bool copy = ensure_host_copies({entry}, &why);
+    // Device handshake: its copy graphs, so that its next restore goes ahead (a restore without
+    // them would make a launch wait on the host). Uploaded on the host path's streams: the ones
+    // of the device handshake belong to the application's threads.
+    if (copy && d.device_handshake && entry->has_data) {
+      Slot* slot = nullptr;
+      void* host = nullptr;
+      bool make = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (Entry* e = by_id_locked(c.id)) {
+          slot = e->slot;
+          host = e->host;
+          make = e->d2h_exec == nullptr && e->mapped && e->busy == 0;
+          if (make) ++e->busy;
+        }
+      }
+      const BusyHold hold(*this, make ? c.id : 0);
+      if (make) make_copy_graphs(d, c.id, slot, host, d.offload, d.restore);
+    }
     Actions actions;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -2137,6 +2437,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   const uint64_t start_ns = trace::now_ns();
   // Never skipped for a later decision: an eviction decided after it follows it in this queue and
   // copies out of the pages it maps.
+  bool relief_failed = false;  // the last relieve() found nothing to set going
   for (int attempt = 0;; ++attempt) {
     bool ready = false;
     std::optional<uint64_t> trim_to;
@@ -2155,7 +2456,11 @@ void Residency::do_restore(Device& d, const Job& job) {
           e->mapped_ready = job.ready;
           // In place already (a reclaim checked that the restore the eviction followed had
           // landed): a later eviction of the slot counts as one that can make room (relieve).
-          if (static_cast<int32_t>(job.ready - e->landed) > 0) e->landed = job.ready;
+          // The device handshake's H2D, enqueued already, copies the same data again: it lands
+          // when the completion thread sees it.
+          if (!(job.ahead && job.with_data) && static_cast<int32_t>(job.ready - e->landed) > 0) {
+            e->landed = job.ready;
+          }
           if (d.device_handshake) flag.store(job.ready);
           changed_.notify_all();
           return;
@@ -2170,6 +2475,25 @@ void Residency::do_restore(Device& d, const Job& job) {
         const uint64_t kept = engine().spare_bytes(d.ordinal, e->pages, &reusable);
         const uint64_t adds = reusable ? 0 : e->pages;
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
+        // Device handshake: the work that would give room back may be queued on the device behind
+        // this very restore (a slot the program allocated meanwhile got pages at once, beyond
+        // the decision's count; the other evictions wait for uses enqueued after this restore's
+        // wait). With no eviction on its way and nothing to relieve, the restore maps beyond a
+        // size budget rather than wait forever; the next decisions evict back under it.
+        if (!ready && d.device_handshake && d.unmaps_in_flight == 0 && relief_failed &&
+            trace::now_ns() - start_ns >
+                std::min<uint64_t>(settings_.wait_limit_ns / 4, kOvershootAfterNs)) {
+          ready = true;
+          ++stats_.budget_overshoots;
+          if (!said_overshoot_) {
+            said_overshoot_ = true;
+            log().warn(
+                "device {}: the restore of slot {} maps beyond residency.budget ({} held, {} "
+                "more): what would make room waits on the device behind it; later decisions "
+                "evict back under the budget (the summary counts budget_overshoots)",
+                d.ordinal, job.slot, byte_size(d.physical), byte_size(e->pages));
+          }
+        }
         // Mapping a kept handle adds nothing to what the device holds: nothing to trim for it.
         if (ready && !reusable && d.physical + kept + adds > budget) {
           trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;
@@ -2204,7 +2528,8 @@ void Residency::do_restore(Device& d, const Job& job) {
           (failure.empty() ? std::string(", the budget full") : ": " + failure) +
           "). Its data is safe in pinned host memory, but the launch waiting for it cannot run");
     }
-    if (!relieve(d, job.slot)) {
+    relief_failed = !relieve(d, job.slot);
+    if (relief_failed) {
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait_for(lock, std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 64)));
     }
@@ -2223,10 +2548,24 @@ void Residency::do_restore(Device& d, const Job& job) {
     }
   }
   changed_.notify_all();
+  if (job.ahead) {
+    // Its copy waits on the restore stream for the flag: pages are never visible before their
+    // data (DESIGN.md invariant 10), as the launches that use them wait for its ready event.
+    flag.store(job.ready);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (Entry* e = by_id_locked(job.slot)) {
+      --e->busy;
+      if (static_cast<int32_t>(job.ready - e->ready) >= 0) e->submitted = true;
+    }
+    changed_.notify_all();
+    return;
+  }
+  if (d.device_handshake) flag.store(job.ready);  // flags only grow: no restore waits for it
   const Driver& driver = drv();
   CUevent ready_event = nullptr;
   if (job.with_data) {
-    Copied copied{job.slot, slot->va, slot->bytes, spare_event(d), spare_event(d), 0, job.ready};
+    Copied copied{job.slot, slot->va,  slot->bytes, spare_event(d), spare_event(d),
+                  0,        job.ready, Flag{},      false};
     driver.cuEventRecord(copied.start, d.restore);
     rc = with_retries(
         [&] { return driver.cuMemcpyHtoDAsync(slot->va, host, slot->bytes, d.restore); });
@@ -2242,14 +2581,7 @@ void Residency::do_restore(Device& d, const Job& job) {
     d.copies.push_back(copied);
     d.copies_cv.notify_all();
   }
-  if (d.device_handshake) {
-    if (job.with_data) {
-      rc = driver.cuStreamWriteValue32(d.restore, flag.device, job.ready, 0);
-      if (rc != CUDA_SUCCESS) die(cuda_failure("cuStreamWriteValue32", rc, slot->describe()));
-    } else {
-      flag.store(job.ready);  // mapped: nothing else to wait for
-    }
-  } else if (job.with_data) {
+  if (job.with_data) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       Entry* e = by_id_locked(job.slot);
@@ -2275,7 +2607,7 @@ void Residency::do_restore(Device& d, const Job& job) {
       // eviction between them unmapped the pages (the simulator's device fault in
       // capacity_test's tight_80, about one run in 400).
       if (static_cast<int32_t>(job.ready - e->ready) >= 0) e->submitted = true;
-      if (job.with_data && !d.device_handshake) e->ready_event = ready_event;
+      if (job.with_data) e->ready_event = ready_event;
     } else if (ready_event != nullptr) {
       driver.cuEventDestroy(ready_event);
     }
@@ -2284,9 +2616,9 @@ void Residency::do_restore(Device& d, const Job& job) {
 }
 
 // Queues the eviction for the unmapper, which copies the slot out once everything it waits for
-// has completed. No vaswap stream ever waits on the device: the unmapper checks the slot's last
-// uses (its marks) and the restore it follows on the host, then enqueues the D2H (see
-// submit_copy). Only the application's streams wait on the device, for restores.
+// has completed: the unmapper checks the slot's last uses (its marks) and the restore it follows
+// on the host, then enqueues the D2H (see submit_copy). Under the device handshake the D2H was
+// enqueued when the eviction was decided (evict_ahead), and the unmapper waits for it.
 void Residency::do_evict(Device& d, const Job& job) {
   Unmap unmap;
   {
@@ -2309,11 +2641,12 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.hand_to = job.hand_to;
     unmap.waits = job.waits;
     unmap.last_uses = job.last_uses;
-    unmap.flag = e->flag;
-    unmap.restore = job.ready;
     unmap.after_restore = job.after_restore;
-    unmap.device_handshake = d.device_handshake;
-    unmap.restore_event = e->ready_event;
+    unmap.restore = job.ready;
+    // The device handshake enqueued its D2H when it was decided.
+    unmap.submitted = job.ahead;
+    unmap.start = job.start;
+    unmap.done = job.done;
     unmap.queued_ns = trace::now_ns();
     ++d.unmaps_in_flight;
     d.unmaps.push_back(std::move(unmap));
@@ -2347,16 +2680,15 @@ bool Residency::dependencies_done(const Unmap& unmap) {
   return restore_landed(unmap);
 }
 
-// True once the restore the eviction follows (if any) has landed.
+// True once the restore the eviction follows (if any) has landed: the completion thread saw its
+// copy end, or the mover mapped it (no data). Not the slot's ready event: under the device
+// handshake a later restore of the slot records it again when it is decided, before this
+// eviction's pages are gone.
 bool Residency::restore_landed(const Unmap& unmap) {
   if (!unmap.after_restore) return true;
-  if (unmap.device_handshake) {
-    const uint32_t now = __atomic_load_n(unmap.flag.host, __ATOMIC_ACQUIRE);
-    return static_cast<int32_t>(now - unmap.restore) >= 0;
-  }
-  // The host handshake: the restore it follows was submitted before this eviction reached the
-  // unmapper (the mover takes jobs in order), and its event follows that restore's copy.
-  return unmap.restore_event == nullptr || drv().cuEventQuery(unmap.restore_event) == CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Entry* e = by_id_locked(unmap.slot);
+  return e == nullptr || static_cast<int32_t>(e->landed - unmap.restore) >= 0;
 }
 
 // A restore of the slot decided while its eviction had not yet unmapped (the plan's release and
@@ -2492,18 +2824,23 @@ CUevent Residency::spare_event(Device& d) {
   return event;
 }
 
-// Restore copies complete in order on the restore stream: this thread waits for each, counts it
-// and writes its `h2d` event with the time the device took.
-void Residency::run_completions(Device& d) {
+// Restore copies complete in order on their stream: this thread waits for each of `copies`,
+// counts it and writes its `h2d` event with the time the device took.
+void Residency::run_completions(Device& d, std::deque<Copied>& copies, const char* name) {
   const Driver& driver = drv();
-  become_worker(driver, d.context, "vaswap-cpl" + std::to_string(d.ordinal));
+  become_worker(driver, d.context, name + std::to_string(d.ordinal));
   for (;;) {
     Copied copied;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      d.copies_cv.wait(lock, [&d] { return !d.copies.empty(); });
-      copied = d.copies.front();
-      d.copies.pop_front();
+      d.copies_cv.wait(lock, [&copies] { return !copies.empty(); });
+      copied = copies.front();
+      copies.pop_front();
+    }
+    for (auto pause = std::chrono::microseconds(20);
+         copied.ahead && static_cast<int32_t>(copied.flag.load() - copied.ready) < 0;) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
     bool timed_out = false;
     const CUresult rc = wait_event(copied.end, &timed_out);
@@ -2564,18 +2901,39 @@ void Residency::run_unmapper(Device& d) {
         d.unmaps.pop_front();
       }
     }
-    Unmap& unmap = mine.front();
-    if (!unmap.submitted) {
-      uint64_t limit = 0;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        limit = settings_.wait_limit_ns;
+    // Under the device handshake copies were enqueued when decided, and end in any order: an
+    // eviction whose copy has ended goes first. One waiting for a restore that waits for room
+    // must not hold back the evictions that make it.
+    const auto ended = [&driver](const Unmap& u) {
+      return u.submitted && driver.cuEventQuery(u.done) == CUDA_SUCCESS;
+    };
+    const auto ended_behind = [&] { return std::any_of(mine.begin() + 1, mine.end(), ended); };
+    if (mine.size() > 1 && !ended(mine.front())) {
+      auto first = std::find_if(mine.begin() + 1, mine.end(), ended);
+      if (first != mine.end()) {
+        Unmap moved = std::move(*first);
+        mine.erase(first);
+        mine.push_front(std::move(moved));
       }
-      const uint64_t start = trace::now_ns();
+    }
+    Unmap& unmap = mine.front();
+    uint64_t limit = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      d.unmapping = unmap.slot;
+      limit = settings_.wait_limit_ns;
+    }
+    if (unmap.waiting_since == 0) unmap.waiting_since = trace::now_ns();
+    if (!unmap.submitted) {
       auto pause = std::chrono::microseconds(5);
       bool reclaimed = false;
+      bool behind = false;
       while (!(reclaimed = reclaim(d, unmap, false)) && !dependencies_done(unmap)) {
-        if (trace::now_ns() - start > limit) {
+        if (ended_behind()) {
+          behind = true;
+          break;
+        }
+        if (trace::now_ns() - unmap.waiting_since > limit) {
           die(wait_failure(CUDA_ERROR_LAUNCH_TIMEOUT, true,
                            "the last uses before the eviction of slot " +
                                std::to_string(unmap.slot) + " on device " +
@@ -2585,6 +2943,7 @@ void Residency::run_unmapper(Device& d) {
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::microseconds(200));
       }
+      if (behind) continue;
       if (reclaimed) {  // before its copy: nothing moved
         mine.pop_front();
         continue;
@@ -2597,7 +2956,19 @@ void Residency::run_unmapper(Device& d) {
       later.failed = !submit_copy(d, later);
     }
     bool timed_out = false;
-    const CUresult rc = wait_event(unmap.done, &timed_out);
+    CUresult rc = CUDA_SUCCESS;
+    for (auto pause = std::chrono::microseconds(5);;) {
+      rc = driver.cuEventQuery(unmap.done);
+      if (rc != CUDA_ERROR_NOT_READY || ended_behind()) break;
+      if (trace::now_ns() - unmap.waiting_since > limit) {
+        timed_out = true;
+        rc = CUDA_ERROR_LAUNCH_TIMEOUT;
+        break;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+    if (rc == CUDA_ERROR_NOT_READY) continue;  // another one's copy ended: it goes first
     if (rc != CUDA_SUCCESS) {
       die(wait_failure(rc, timed_out,
                        "the eviction of slot " + std::to_string(unmap.slot) + " on device " +

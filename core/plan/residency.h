@@ -8,16 +8,17 @@
 // launch does not need are evicted (D2H to pinned host memory after their last use, then unmap),
 // farthest next use first once a schedule is known (set_schedule), least recently used before.
 //
-// The application's thread only decides and enqueues. Each device has two vaswap threads: the
-// mover, which takes jobs in the order they were decided (submits evictions' D2H copies; maps
-// restores once the budget has room, copies their data back and publishes completion), and the
-// unmapper, which unmaps each eviction once its D2H has completed. Completion reaches the
-// launching stream on the device: the mover writes the slot's flag (cuStreamWriteValue32 after
-// the H2D) and the stream waits for it (cuStreamWaitValue32), so the application's thread never
-// waits for vaswap's workers. Where stream memory operations are unsupported, or can deadlock
-// (CUDA_DEVICE_MAX_CONNECTIONS=1: a stream parked on a wait holds every other stream's work
-// behind it), the host handshake stands in: the application's thread waits until the restore
-// was submitted and the stream waits for its event.
+// The application's thread only decides and enqueues. Under the device handshake (the default)
+// it enqueues the copies themselves when it decides them: an eviction's D2H behind waits on the
+// device for the slot's last uses, a restore's H2D behind a wait for the slot's flag, both as
+// graphs of one memcpy node (transform/copy_graph.h: the driver checks a graph's copy for pages
+// when the node is added, not when it is launched); the launching stream waits for the restore's
+// event. Each device's vaswap threads then act on the host only: the mover maps pages once the
+// budget has room and writes the flag, the unmapper unmaps an evicted slot once its copy has
+// ended. Where stream memory operations are unsupported, or with one hardware queue
+// (CUDA_DEVICE_MAX_CONNECTIONS=1: the restore stream's wait would hold every stream's later work
+// behind it), the host handshake stands in: the mover and the unmapper enqueue the copies, and
+// the application's thread waits until a restore was submitted, its stream for the copy's event.
 //
 // Every wait is bounded (residency.wait_limit) and checks the device's health; a stuck
 // handshake is a named error. A launch whose slots cannot fit the budget at all gets the API's
@@ -177,6 +178,8 @@ struct Stats {
   bool device_handshake = false;  // stream memory operations in use
   uint64_t settle_waits = 0;      // first-time work that waited for parked streams (settle)
   double settle_wait_us = 0;
+  uint64_t budget_overshoots = 0;  // device handshake: restores mapped beyond a size budget, with
+                                   // what would make room queued on the device behind them
 };
 Stats stats();
 

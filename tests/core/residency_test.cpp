@@ -46,7 +46,7 @@ class ResidencyTest : public SimTest {
     SimTest::TearDown();
   }
   static void configure(uint64_t budget, uint64_t host_limit = 0,
-                        residency::Handshake handshake = residency::Handshake::automatic,
+                        residency::Handshake handshake = residency::Handshake::host,
                         uint64_t reserve = 0) {
     residency::Settings s;
     s.budget_bytes = budget;
@@ -148,9 +148,8 @@ class ResidencyTest : public SimTest {
   }
 
   // Two slots under a budget of one page, filled in turn: the first leaves for the second.
-  std::pair<Slot*, Slot*> one_evicted(
-      uint32_t first_seed, uint32_t second_seed,
-      residency::Handshake handshake = residency::Handshake::automatic) {
+  std::pair<Slot*, Slot*> one_evicted(uint32_t first_seed, uint32_t second_seed,
+                                      residency::Handshake handshake = residency::Handshake::host) {
     configure(1 * kPage, 0, handshake);
     Slot* first = make_slot();
     Slot* second = make_slot();
@@ -280,7 +279,7 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
 // nothing, whatever the reserve), and once they must evict, they go down to the reserve below
 // it, leaving that much to the program's own allocations.
 TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPressure) {
-  configure(0, 0, residency::Handshake::automatic, /*reserve=*/4 * kPage);
+  configure(0, 0, residency::Handshake::host, /*reserve=*/4 * kPage);
   // Leave 6 pages free on the device.
   size_t free = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free, &total));
@@ -315,7 +314,7 @@ TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPre
 // the capacity runs on the H200 reused 5% of their handles.
 TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
   const std::string path = open_trace("handoff");
-  configure(0, 0, residency::Handshake::automatic, /*reserve=*/4 * kPage);
+  configure(0, 0, residency::Handshake::host, /*reserve=*/4 * kPage);
   size_t free = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free, &total));
   CUdeviceptr held = 0;
@@ -431,7 +430,7 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
 // H200, a kernel's first launch right after such an allocation failed for want of memory when
 // only the allocation's bytes came back (its module is loaded into device memory then).
 TEST_F(ResidencyTest, TheProgramsOutOfMemoryLeavesTheReserveFree) {
-  configure(4 * kPage, 0, residency::Handshake::automatic, /*reserve=*/1 * kPage);
+  configure(4 * kPage, 0, residency::Handshake::host, /*reserve=*/1 * kPage);
   Slot* a = make_slot();
   Slot* b = make_slot();
   Slot* c = make_slot();
@@ -581,13 +580,14 @@ TEST_F(ResidencyTest, ACopyIsEnqueuedOnlyOnceItsPagesAreMapped) {
   EXPECT_FALSE(mapped(b)) << "b left for a (a budget of one page)";
 }
 
-// The default (auto) is the host handshake, whatever the device offers: device 1 has no stream
-// memory operations, device 2 one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1). The thread
-// waits for the restore's submission, the stream for its event, and the data comes back the same.
-TEST_F(ResidencyTest, TheDefaultIsTheHostHandshake) {
-  for (int device : {1, 2}) {
+// The default (auto) is the device handshake where it can work (device 6): the thread does not
+// wait for the restore. Where it cannot, the host handshake stands in: device 1 has no stream
+// memory operations, device 2 one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1); there the thread
+// waits for the restore's submission, the stream for its event. The data comes back the same.
+TEST_F(ResidencyTest, TheDefaultIsTheDeviceHandshakeAndTheHostOneWhereItCannotWork) {
+  for (int device : {6, 1, 2}) {
     on_device(device, [&] {
-      configure(1 * kPage);
+      configure(1 * kPage, 0, residency::Handshake::automatic);
       if (device == 1) vaswapSimSetMemopsSupported(0);
       if (device == 2) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
       Slot* a = make_slot(device);
@@ -600,13 +600,14 @@ TEST_F(ResidencyTest, TheDefaultIsTheHostHandshake) {
       std::string message;
       ASSERT_EQ(CUDA_SUCCESS,
                 residency::acquire({a}, stream_, "a test launch", &acquired, &message));
-      EXPECT_TRUE(acquired.host_waited) << "device " << device;
+      EXPECT_EQ(acquired.host_waited, device != 6) << "device " << device;
       EXPECT_EQ(acquired.waits, 1u);
       residency::used(acquired);
       expect_holds(a, 21);
       expect_holds(b, 22);
     });
   }
+  EXPECT_TRUE(residency::stats().device_handshake);
 }
 
 // The device handshake, asked for where it cannot work, is a named error before any slot is used:
@@ -669,7 +670,7 @@ TEST_F(ResidencyTest, TwoDevicesFromOneThreadKeepTheirOwnBudgets) {
 TEST_F(ResidencyTest, AStalledEvictionCopySaysWhetherItBegan) {
   EXPECT_EXIT(
       {
-        configure_briefly(residency::Handshake::automatic);
+        configure_briefly(residency::Handshake::host);
         Slot* a = make_slot();
         fill(a, 1);
         ASSERT_CU(cuStreamSynchronize(stream_));
@@ -893,8 +894,9 @@ TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
         std::exit(0);
       },
       ::testing::ExitedWithCode(70),
-      "stream 0x[0-9a-f]+ has waited on the device for [0-9]+ ms \\(residency.wait_limit 300 "
-      "ms\\) for the restore of slot [0-9]+ on device 6.*invariant 12");
+      "restore stream 0x[0-9a-f]+ has waited on the device \\(CUDA_ERROR_LAUNCH_TIMEOUT\\) for "
+      "[0-9]+ ms \\(residency.wait_limit "
+      "300 ms\\) for the pages of the restore of slot [0-9]+ on device 6.*invariant 12");
 }
 
 // A peer copy names slots of two devices: a copy on device 0's stream from device 3's slot, which
@@ -953,7 +955,7 @@ TEST_F(ResidencyTest, APeerCopyBringsBackTheSlotsOfBothDevices) {
 TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
   EXPECT_EXIT(
       {
-        configure_briefly(residency::Handshake::automatic);
+        configure_briefly(residency::Handshake::host);
         Slot* a = make_slot();
         Slot* b = make_slot();
         fill(a, 1);

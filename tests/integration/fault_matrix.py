@@ -40,7 +40,9 @@ FAULTS = [
     ("cuEventQuery", "cuEventQuery", 999, "polling an event"),
     ("cuStreamCreate", "cuStreamCreateWithPriority", 2, "creating a stream (vaswap's copy streams)"),
     ("D2H copy", "cuMemcpyDtoHAsync_v2", 999, "an eviction's copy to the host"),
-    ("H2D copy", "cuMemcpyHtoDAsync_v2", 999, "a restore's copy to the device"),
+    ("H2D copy", "cuMemcpyHtoDAsync_v2", 999, "a restore's copy to the device (the host handshake)"),
+    ("graph launch", "cuGraphLaunch", 999,
+     "a graph launch: the device handshake's copies (D2H, H2D) and the program's graphs"),
     ("launch OOM", "cuLaunchKernel", 2, "a kernel launch out of memory (local memory grows at launch)"),
     ("device fault", "device", 700, "a kernel faults (illegal address) mid-step"),
     ("stalled copy", "copy_stall", 30000, "a copy engine stalls for 30 s"),
@@ -49,10 +51,17 @@ FAULTS = [
 MODES = {
     # name: demo arguments. api-graph runs past step 10 (cudaGraphExecKernelNodeSetParams) and
     # step 20 (cudaGraphExecUpdate), where the demo changes what its API-built graph reads.
+    # host-handshake is per-layer with residency.handshake=host (MODE_CONF): the default, the
+    # device handshake, makes its copies as graphs.
     "per-layer": ["--steps", "12"],
     "eager-guard": ["--steps", "12", "--peek-step", "6"],
     "api-graph": ["--steps", "24", "--api-graph"],
+    "host-handshake": ["--steps", "12"],
 }
+MODE_CONF = {"host-handshake": ",residency.handshake=host"}
+# Faults run in some modes only ("-" in the others): under the device handshake a restore's H2D is
+# a graph launch, and an eager one happens only on the rare host path (not every run).
+ONLY_IN = {"H2D copy": {"host-handshake"}}
 DEVICE_MEMORY = "100MiB"  # the demo needs ~130 MiB: residency evicts and restores every step
 CONF = "selection.min_bytes=1MiB,residency.wait_limit=5s"
 TIME_LIMIT = 60
@@ -101,7 +110,8 @@ def classify(rc, out, err, want, symbol):
 def counts(build, src, mode):
     symbols = ",".join(sorted({f[1] for f in FAULTS}))
     rc, out, err = run(build, src, mode, {"VASWAP_SIM_DEVICE_MEMORY": DEVICE_MEMORY,
-                                          "VASWAP_CONF": CONF, "VASWAP_SIM_COUNT": symbols})
+                                          "VASWAP_CONF": CONF + MODE_CONF.get(mode, ""),
+                                          "VASWAP_SIM_COUNT": symbols})
     m = re.search(r"vaswap-sim: calls (.*)", err)
     if rc != 0 or not m:
         sys.exit(f"fault_matrix: the counting run of {mode} failed (exit {rc}):\n{err[-3000:]}")
@@ -126,7 +136,7 @@ def matrix(build, src, jobs, only):
             sys.exit(f"fault_matrix: {mode} without a fault gives '{got}', unconstrained '{want}'")
         baseline[mode] = want
         for name, symbol, code, _ in FAULTS:
-            if only and name != only:
+            if (only and name != only) or mode not in ONLY_IN.get(name, MODES):
                 continue
             if calls.get(symbol, 0) == 0:
                 cases.append((mode, name, symbol, None, code))  # not called in this mode
@@ -140,7 +150,8 @@ def matrix(build, src, jobs, only):
             return case, ("not called", ""), ""
         position, n = where
         while True:
-            env = {"VASWAP_SIM_DEVICE_MEMORY": DEVICE_MEMORY, "VASWAP_CONF": CONF,
+            env = {"VASWAP_SIM_DEVICE_MEMORY": DEVICE_MEMORY,
+                   "VASWAP_CONF": CONF + MODE_CONF.get(mode, ""),
                    "VASWAP_SIM_FAULTS": f"{symbol}:{n}:{code}"}
             rc, out, err = run(build, src, mode, env)
             outcome = classify(rc, out, err, baseline[mode], symbol)
@@ -172,7 +183,7 @@ def table(results):
         if name not in rows:
             continue
         inject = f"`{symbol}:N:{code}`"
-        cells = ["<br>".join(rows[name].get(mode, [])) for mode in MODES]
+        cells = ["<br>".join(rows[name].get(mode, ["-"])) for mode in MODES]
         lines.append(f"| {name} ({inject}) | {what} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

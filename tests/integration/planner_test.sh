@@ -48,9 +48,9 @@ $body
 PY
 }
 
-# 1. The plan carried out, with the device handshake (the stream waits for restores on the
-#    device; the default host handshake is checked after).
-plain_and_vaswap steady "$given,trace.memory_interval=100us,residency.handshake=device" --steps 50
+# 1. The plan carried out, with the device handshake (the default: the stream waits for restores
+#    on the device; the host handshake is checked after).
+plain_and_vaswap steady "$given,trace.memory_interval=100us" --steps 50
 check steady '
 import bisect
 plan = first("plan")
@@ -94,9 +94,9 @@ print(f"     plan: {windows} windows, {peak} MiB away at once; cuMemGetInfo: {fr
       f"them; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored")
 '
 
-# 1b. The same plan with the default (host) handshake: the same checksum (plain_and_vaswap), the
-#     slots within the budget, every restore of the plan carried out.
-plain_and_vaswap steady_host "$given" --steps 30
+# 1b. The same plan with the host handshake: the same checksum (plain_and_vaswap), the slots
+#     within the budget, every restore of the plan carried out.
+plain_and_vaswap steady_host "$given,residency.handshake=host" --steps 30
 check steady_host '
 summary = first("summary")
 assert summary["handshake"] == "host" and summary["peak_resident"] <= 40 << 20, summary
