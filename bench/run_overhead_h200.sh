@@ -29,7 +29,8 @@
 #   (default: the first two)
 # Environment: RUNS (3), STEPS (20), SKIP (5), TORCH_BUDGET (3GiB), DEMO_BUDGET (512MiB),
 #   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda),
-#   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run).
+#   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF (policy keys added to
+#   every program's, e.g. residency.handshake=device).
 # Writes $OUT (else bench/results)/overhead_h200.md (the table, with its command) and
 # overhead_h200_runs.tar.gz (outputs, JSON and traces).
 set -uo pipefail
@@ -49,9 +50,9 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT} bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
-  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits after the plan (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
+  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|"
 } >"$md"
 status=0
@@ -82,6 +83,7 @@ for program in "${programs[@]}"; do
       ;;
     *) echo "run_overhead_h200.sh: unknown program $program" >&2; exit 2 ;;
   esac
+  conf="${conf}${EXTRA_CONF:+${conf:+,}$EXTRA_CONF}"
   for i in $(seq 1 "$runs"); do
     timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
       { echo "$program plain run $i failed"; status=1; }
@@ -113,8 +115,10 @@ for i in range(1, runs + 1):
     ev = events(f"{program}_vaswap_{i}")
     plans = [e["t_ns"] for e in ev if e["ev"] == "plan"]
     after = plans[0] if plans else float("inf")
-    waits.append(sum(1 for e in ev if e["ev"] == "restore_wait" and e.get("host_wait")
-                     and e["t_ns"] >= after))
+    restores = sum(1 for e in ev if e["ev"] == "restore_wait" and e.get("host_wait")
+                   and e["t_ns"] >= after)
+    s = next(e for e in ev if e["ev"] == "summary")
+    waits.append(f"{restores}, {s.get('map_waits', 0)}")
     s = next(e for e in ev if e["ev"] == "summary")
     moved.append(f"{s['evictions']} / {s.get('reclaims', 0)}")
     slots.append(s["slots"])
@@ -127,7 +131,7 @@ print(f"| {program} | `{policy or 'the default policy'}` | "
       f"{p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
       f"{u:.2f} ({', '.join(f'{x:.2f}' for x in under)}) | {100 * (u / p - 1):+.1f}% | "
       f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, sorted(set(slots))))} | "
-      f"{', '.join(map(str, waits))} | "
+      f"{'; '.join(waits)} | "
       f"{', '.join(moved)} | {', '.join(map(str, freed))} | {'; '.join(inside)} |")
 sys.exit(0 if same else 1)
 PY
