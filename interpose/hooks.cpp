@@ -714,16 +714,53 @@ CUstream last_stream(Rest... rest) {
 inline uintptr_t address_of(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 inline uintptr_t address_of(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
 
-// Runs `real` after making the slots that `addresses` name resident for work on `stream`.
+// Runs `real` after making the slots that `addresses` name resident for work on `stream`. With
+// `shape` (an asynchronous copy or memset between device addresses), the device handshake may
+// have the same work made as a graph instead, launched on the stream without waiting for pages.
 template <class R, class Real>
-R accessed(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,
-           Real&& real) {
+R accessed(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count, Real&& real,
+           const residency::EagerShape* shape = nullptr) {
   Scope scope;  // held through the real call: cudart's own copy is not handled again
-  const auto ticket = intercept::eager_access(call, stream, addresses, count);
+  const auto ticket = intercept::eager_access(call, stream, addresses, count, shape);
   if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
+  if (ticket.acquired.substitute != nullptr) {
+    const Driver* driver = load_driver(nullptr);
+    const CUresult rc = driver->cuGraphLaunch(ticket.acquired.substitute, ticket.acquired.stream);
+    intercept::eager_done(ticket);
+    return to_status<R>(rc);
+  }
   const R rc = real();
   intercept::eager_done(ticket);
   return rc;
+}
+
+// Whether a copy's remaining arguments make it one between device addresses, as far as they
+// say: a runtime copy names its kind (device to device, or default: then the driver is asked
+// when the copy is made as a graph); a driver copy between two CUdeviceptr is one.
+inline bool d2d_kind(cudaMemcpyKind kind) {
+  return kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyDefault;
+}
+template <class T>
+bool d2d_kind(T /*not a kind*/) {
+  return false;
+}
+template <class D, class S, class... Rest>
+bool device_to_device(Rest... rest) {
+  if constexpr ((std::is_same_v<Rest, cudaMemcpyKind> || ...)) {
+    return (d2d_kind(rest) || ...);
+  } else {
+    return std::is_same_v<D, CUdeviceptr> && std::is_same_v<S, CUdeviceptr>;
+  }
+}
+
+// True when the call's last argument is a stream: an asynchronous copy or memset.
+template <class... Rest>
+constexpr bool has_stream() {
+  if constexpr (sizeof...(Rest) == 0) {
+    return false;
+  } else {
+    return std::is_same_v<std::tuple_element_t<sizeof...(Rest) - 1, std::tuple<Rest...>>, CUstream>;
+  }
 }
 
 // Copies: (dst, src, bytes, [kind], [stream]). Host addresses are looked up too and find nothing.
@@ -737,6 +774,13 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
     const auto forward = [&] { return real(dst, src, bytes, rest...); };
     if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
+    if (has_stream<Rest...>() && device_to_device<D, S>(rest...)) {
+      residency::EagerShape shape;
+      shape.dst = static_cast<CUdeviceptr>(address_of(dst));
+      shape.src = static_cast<CUdeviceptr>(address_of(src));
+      shape.count = bytes;
+      return accessed<R>(call, last_stream(rest...), addresses, 2, forward, &shape);
+    }
     return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
   }
 };
@@ -780,6 +824,17 @@ struct Set<R (*)(D, V, size_t, Rest...)> {
     const auto forward = [&] { return real(dst, value, count, rest...); };
     if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst)};
+    if (has_stream<Rest...>()) {
+      // cudaMemset takes an int and sets bytes; cuMemsetD8/D16/D32 set elements of their size.
+      residency::EagerShape shape;
+      shape.memset = true;
+      shape.dst = static_cast<CUdeviceptr>(address_of(dst));
+      shape.element = std::is_same_v<V, int> ? 1 : static_cast<unsigned>(sizeof(V));
+      shape.value = std::is_same_v<V, int> ? static_cast<unsigned>(value) & 0xffu
+                                           : static_cast<unsigned>(value);
+      shape.count = count;
+      return accessed<R>(call, last_stream(rest...), addresses, 1, forward, &shape);
+    }
     return accessed<R>(call, last_stream(rest...), addresses, 1, forward);
   }
 };

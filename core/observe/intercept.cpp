@@ -980,7 +980,7 @@ bool stream_capturing(CUstream stream) {
 namespace {
 
 Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot*>& slots,
-                       residency::Checked checked) {
+                       residency::Checked checked, const residency::EagerShape* shape = nullptr) {
   if (slots.empty()) return Ticket{};
   if (trace::enabled()) {
     record(trace::Event::eager, call)
@@ -988,7 +988,7 @@ Ticket hand_to_planner(const Call& call, CUstream stream, const std::vector<Slot
         .add("slots", static_cast<uint64_t>(slots.size()))
         .emit();
   }
-  return planner::before_eager(call.symbol, stream, slots, checked);
+  return planner::before_eager(call.symbol, stream, slots, checked, shape);
 }
 
 // A copy or memset on one device's stream that names another device's slot: that device gets
@@ -1175,7 +1175,8 @@ void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kerne
   exec_facts_changed(call, exec, facts);
 }
 
-Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count) {
+Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,
+                    const residency::EagerShape* shape) {
   Tables& t = tables();
   stream = stream_of(call, stream);
   std::vector<Slot*> slots;
@@ -1198,7 +1199,7 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     grant_peer_access(call, nullptr, slots, /*capturing=*/true);
     return ticket;
   }
-  Ticket ticket = hand_to_planner(call, stream, slots, residency::Checked::when_enqueued);
+  Ticket ticket = hand_to_planner(call, stream, slots, residency::Checked::when_enqueued, shape);
   if (ticket.result == CUDA_SUCCESS) grant_peer_access(call, stream, slots);
   return ticket;
 }

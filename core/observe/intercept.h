@@ -151,7 +151,11 @@ void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kerne
 // driver refuses a copy into a reserved, unmapped address when it is enqueued (the stream still
 // waits for their data on the device). Into a capture: the slots get their pages now, as a
 // captured copy needs its addresses mapped too.
-Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count);
+// `shape`: the copy or memset itself, between device addresses, which the device handshake may
+// make as a graph (residency::EagerShape): the ticket's acquired.substitute, when set, is launched
+// on acquired.stream instead of the program's call.
+Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,
+                    const residency::EagerShape* shape = nullptr);
 // After the real eager call returned.
 void eager_done(const Ticket& ticket);
 

@@ -159,7 +159,7 @@ class Planner {
                       const std::vector<Slot*>& slots, uint64_t capture);
   void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
   Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
-                      residency::Checked checked);
+                      residency::Checked checked, const residency::EagerShape* shape);
   void capture_begun();
   void exec_changed(CUgraphExec exec);
   void forget(Slot* slot);
@@ -188,7 +188,8 @@ class Planner {
   // and those threads take this lock first.
   Ticket acquire(std::unique_lock<std::mutex>& lock, const std::vector<Slot*>& slots,
                  CUstream stream, const std::string& what, const char* reason,
-                 residency::Checked checked = residency::Checked::when_run);
+                 residency::Checked checked = residency::Checked::when_run,
+                 const residency::EagerShape* shape = nullptr);
   void learn(const char* why);
   void drop_events(std::vector<Seen>& seen);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
@@ -251,7 +252,7 @@ std::string describe_graph(const char* symbol, CUgraphExec exec) {
 
 Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Slot*>& slots,
                         CUstream stream, const std::string& what, const char* reason,
-                        residency::Checked checked) {
+                        residency::Checked checked, const residency::EagerShape* shape) {
   Ticket ticket;
   const uint64_t start = trace::now_ns();
   lock.unlock();
@@ -260,13 +261,13 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
   const std::vector<Slot*> rest = inside::present(slots, &ticket.result, &ticket.message);
   if (ticket.result == CUDA_SUCCESS) {
     ticket.result =
-        residency::acquire(rest, stream, what, &ticket.acquired, &ticket.message, checked);
+        residency::acquire(rest, stream, what, &ticket.acquired, &ticket.message, checked, shape);
   }
   lock.lock();
   if (ticket.result != CUDA_SUCCESS) return ticket;
   const residency::Acquired& a = ticket.acquired;
   if (phase_ == Phase::steady) counters_.on_demand_restores += a.demanded;
-  if (a.waits > 0 && trace::enabled()) {
+  if ((a.waits > 0 || a.map_waited || a.substitute != nullptr) && trace::enabled()) {
     trace::Record(trace::Event::restore_wait)
         .add("call", what)
         .add("reason", reason)
@@ -277,6 +278,8 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
         .add("host_wait", a.host_waited)
         .add("dur_us", a.host_waited ? a.host_wait_us : trace::us_since(start))
         .add("map_wait_us", a.map_wait_us)
+        .add("map_waited", a.map_waited)
+        .add("as_graph", a.substitute != nullptr)
         .hex("stream", stream_id(stream))
         .emit();
   }
@@ -810,9 +813,9 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
 }
 
 Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
-                             residency::Checked checked) {
+                             residency::Checked checked, const residency::EagerShape* shape) {
   std::unique_lock<std::mutex> lock(mutex_);
-  Ticket ticket = acquire(lock, slots, stream, symbol, "eager", checked);
+  Ticket ticket = acquire(lock, slots, stream, symbol, "eager", checked, shape);
   if (ticket.result != CUDA_SUCCESS) {
     log().error("{}", ticket.message);
     return ticket;
@@ -903,8 +906,8 @@ void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Tick
   planner().after_graph(exec, stream, capture, ticket);
 }
 Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
-                    residency::Checked checked) {
-  return planner().before_eager(symbol, stream, slots, checked);
+                    residency::Checked checked, const residency::EagerShape* shape) {
+  return planner().before_eager(symbol, stream, slots, checked, shape);
 }
 void after_eager(const Ticket& ticket) { residency::used(ticket.acquired); }
 void capture_begun() { planner().capture_begun(); }

@@ -57,8 +57,10 @@ Ticket before_graph(const char* symbol, CUgraphExec exec, CUstream stream,
 void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
 
 // Before and after an eager kernel, copy or memset on `stream` that uses `slots` (never empty).
+// `shape`: a copy or memset the device handshake may make as a graph instead
+// (residency::EagerShape; the ticket's acquired.substitute says so).
 Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
-                    residency::Checked checked);
+                    residency::Checked checked, const residency::EagerShape* shape = nullptr);
 void after_eager(const Ticket& ticket);
 
 // A capture began: the launch pattern may change, so learning starts over.

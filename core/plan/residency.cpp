@@ -38,6 +38,8 @@ constexpr size_t kAheadStreams = 16;
 // Device handshake: how long a restore waits for room, with nothing on its way to make it, before
 // it maps beyond a size budget (at most a quarter of residency.wait_limit).
 constexpr uint64_t kOvershootAfterNs = 100000000;
+// Device handshake: at most this many eager copies and memsets kept as graphs (EagerShape).
+constexpr size_t kEagerGraphs = 1024;
 constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
 // A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
 // transient failure (another process briefly holding memory) costs milliseconds, not the job.
@@ -339,7 +341,8 @@ class Residency {
   void adopt(Slot* slot, bool backed);
   void forget(Slot* slot);
   CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                   Acquired* acquired, std::string* message, Checked checked);
+                   Acquired* acquired, std::string* message, Checked checked,
+                   const EagerShape* shape);
   void used(const Acquired& acquired);
   bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent);
   void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
@@ -452,7 +455,13 @@ class Residency {
                         CUstream h2d_upload);
   void restore_ahead(Device& d, Job& job);
   bool wait_submitted(const std::vector<Entry*>& entries, bool* blocked, std::string* why);
-  bool wait_mapped(const std::vector<Slot*>& slots, std::string* why);
+  // `blocked`: it had to wait.
+  bool wait_mapped(const std::vector<Slot*>& slots, std::string* why, bool* blocked);
+  bool mapped_now(const std::vector<Slot*>& slots);
+  // Device handshake: the graph made for `shape` on `d`, if `stream` is of that device
+  // (EagerShape); make_eager_graph makes it while its pages are mapped.
+  CUgraphExec eager_graph(const Device& d, const EagerShape& shape, CUstream stream);
+  void make_eager_graph(Device& d, const EagerShape& shape, CUstream stream);
   void used_submitted(const Acquired& acquired);
 
   // Workers.
@@ -524,6 +533,9 @@ class Residency {
   bool said_fallback_ = false;
   bool said_graphs_ = false;
   bool said_overshoot_ = false;
+  // Device handshake: eager copies and memsets made as graphs (EagerShape), per device; at most
+  // kEagerGraphs of them.
+  std::map<std::pair<int, EagerShape>, CUgraphExec> eager_graphs_;
 
  public:
   std::atomic<int> captures_{0};    // captures open in the process (the preload's count)
@@ -1306,9 +1318,78 @@ bool Residency::wait_submitted(const std::vector<Entry*>& entries, bool* blocked
   return true;
 }
 
+// A slot's pages of its latest restore are mapped (its data may still be on its way).
+bool Residency::mapped_now(const std::vector<Slot*>& slots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
+    const Entry* e = find_locked(slot);
+    return e == nullptr || e->forgotten ||
+           (e->mapped &&
+            (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
+  });
+}
+
+CUgraphExec Residency::eager_graph(const Device& d, const EagerShape& shape, CUstream stream) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = eager_graphs_.find({d.ordinal, shape});
+    if (it == eager_graphs_.end()) return nullptr;
+  }
+  // Launched on the program's stream: only one of the graph's device.
+  CUdevice device = -1;
+  if (drv().cuStreamGetDevice == nullptr ||
+      drv().cuStreamGetDevice(stream, &device) != CUDA_SUCCESS || device != d.ordinal) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = eager_graphs_.find({d.ordinal, shape});
+  return it == eager_graphs_.end() ? nullptr : it->second;
+}
+
+// Between device memory only (pinned or pageable host memory would change what the program's
+// copy does), on the stream's device, within kEagerGraphs.
+void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream stream) {
+  const Driver& driver = drv();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (eager_graphs_.size() >= kEagerGraphs || eager_graphs_.count({d.ordinal, shape}) != 0) {
+      return;
+    }
+  }
+  CUdevice device = -1;
+  if (driver.cuStreamGetDevice == nullptr ||
+      driver.cuStreamGetDevice(stream, &device) != CUDA_SUCCESS || device != d.ordinal) {
+    return;
+  }
+  const auto on_device = [&driver](CUdeviceptr p) {
+    unsigned type = 0;
+    return driver.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) ==
+               CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_DEVICE;
+  };
+  if (!on_device(shape.dst) || (!shape.memset && !on_device(shape.src))) return;
+  CUgraphExec exec = nullptr;
+  try {
+    ContextScope scope(driver, d.context);
+    exec = shape.memset
+               ? make_memset_exec(driver, d.context, stream, shape.dst, shape.value, shape.element,
+                                  shape.count, "an eager memset made as a graph")
+               : make_device_copy_exec(driver, d.context, stream, shape.dst, shape.src, shape.count,
+                                       "an eager copy made as a graph");
+  } catch (const Error& error) {
+    log().debug("{}", error.what());
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!eager_graphs_.emplace(std::make_pair(d.ordinal, shape), exec).second) {
+    driver.cuGraphExecDestroy(exec);
+  }
+}
+
 // A copy or memset is checked against its addresses when it is enqueued: until each slot's pages
 // of its latest restore are mapped (the stream still waits for their data on the device).
-bool Residency::wait_mapped(const std::vector<Slot*>& slots, std::string* why) {
+bool Residency::wait_mapped(const std::vector<Slot*>& slots, std::string* why, bool* blocked) {
+  *blocked = false;
   std::unique_lock<std::mutex> lock(mutex_);
   const auto in_place = [this](const Slot* slot) {
     const Entry* e = find_locked(slot);
@@ -1317,6 +1398,7 @@ bool Residency::wait_mapped(const std::vector<Slot*>& slots, std::string* why) {
             (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
   };
   if (std::all_of(slots.begin(), slots.end(), in_place)) return true;
+  *blocked = true;
   const uint64_t start = trace::now_ns();
   const bool done = changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
     return std::all_of(slots.begin(), slots.end(), in_place);
@@ -1389,7 +1471,21 @@ void Residency::forget(Slot* slot) {
   const bool unpublished =
       d.device_handshake && e->ahead && static_cast<int32_t>(e->ready - e->flag.load()) > 0;
   const bool map_now = unpublished && !e->mapped;
-  const CUgraphExec copy_graphs[] = {e->d2h_exec, e->h2d_exec};
+  std::vector<CUgraphExec> copy_graphs = {e->d2h_exec, e->h2d_exec};
+  // Eager copies and memsets made as graphs that name it go too.
+  const auto names = [slot](CUdeviceptr p, size_t bytes) {
+    return p < slot->va + slot->bytes && slot->va < p + bytes;
+  };
+  for (auto it = eager_graphs_.begin(); it != eager_graphs_.end();) {
+    const EagerShape& shape = it->first.second;
+    const size_t bytes = shape.memset ? shape.count * shape.element : shape.count;
+    if (names(shape.dst, bytes) || (!shape.memset && names(shape.src, bytes))) {
+      copy_graphs.push_back(it->second);
+      it = eager_graphs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   const Flag flag = e->flag;
   const uint32_t ready = e->ready;
   const uint64_t id = e->id;
@@ -1434,7 +1530,7 @@ void Residency::forget(Slot* slot) {
 
 CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                             const std::string& what, Acquired* acquired, std::string* message,
-                            Checked checked) {
+                            Checked checked, const EagerShape* shape) {
   acquired->slots.clear();
   acquired->stream = stream;
   if (slots.empty()) return CUDA_SUCCESS;
@@ -1625,15 +1721,24 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       }
     }
     if (checked == Checked::when_enqueued) {
+      const bool as_graph = shape != nullptr && d.device_handshake;
+      if (as_graph && !mapped_now(acquired->slots)) {
+        acquired->substitute = eager_graph(d, *shape, stream);
+        if (acquired->substitute != nullptr) return CUDA_SUCCESS;  // the stream waits for them
+      }
       std::string why;
       const uint64_t start = trace::now_ns();
-      if (!wait_mapped(acquired->slots, &why)) {
+      bool blocked = false;
+      if (!wait_mapped(acquired->slots, &why, &blocked)) {
         used(*acquired);
         acquired->slots.clear();
         message->assign(what).append(": ").append(why);
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
       acquired->map_wait_us = trace::us_since(start);
+      acquired->map_waited = blocked;
+      // Pinned and mapped: the graph is made now, for the next time.
+      if (as_graph && blocked) make_eager_graph(d, *shape, stream);
     }
     return CUDA_SUCCESS;
   }
@@ -3133,14 +3238,15 @@ void configure(const Settings& settings) { the().configure(settings); }
 void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 Acquired* acquired, std::string* message, Checked checked) {
+                 Acquired* acquired, std::string* message, Checked checked,
+                 const EagerShape* shape) {
   // One device's slots at a time: a peer copy names slots of two devices, and each device's
   // budget, workers and flags are its own. The stream waits for every group's restores (an event
   // or a flag of another device: both may be waited for across devices).
   const bool one_device = std::all_of(slots.begin(), slots.end(), [&slots](const Slot* slot) {
     return slot->device == slots.front()->device;
   });
-  if (one_device) return the().acquire(slots, stream, what, acquired, message, checked);
+  if (one_device) return the().acquire(slots, stream, what, acquired, message, checked, shape);
   std::vector<int> devices;  // a launch's own path above allocates nothing for this
   for (const Slot* slot : slots) {
     if (std::find(devices.begin(), devices.end(), slot->device) == devices.end()) {
@@ -3158,7 +3264,7 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
       if (slot->device == device) group.push_back(slot);
     }
     Acquired part;
-    const CUresult rc = the().acquire(group, stream, what, &part, message, checked);
+    const CUresult rc = the().acquire(group, stream, what, &part, message, checked, nullptr);
     if (rc != CUDA_SUCCESS) {
       // The program's copy is not enqueued: the groups before give their pins back (the stream
       // waits they enqueued stay, and later work on the stream waits for them too).
@@ -3173,6 +3279,7 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
     acquired->host_waited = acquired->host_waited || part.host_waited;
     acquired->host_wait_us += part.host_wait_us;
     acquired->map_wait_us += part.map_wait_us;
+    acquired->map_waited = acquired->map_waited || part.map_waited;
   }
   return CUDA_SUCCESS;
 }

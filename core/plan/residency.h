@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace vaswap {
@@ -68,7 +69,27 @@ struct Acquired {
   bool host_waited = false;  // host handshake: this thread had to wait for a restore's
                              // submission (not when every one was started ahead)
   double host_wait_us = 0;
-  double map_wait_us = 0;  // a copy or memset: this thread waited for pages to be mapped
+  double map_wait_us = 0;   // a copy or memset: host time until its pages were mapped
+  bool map_waited = false;  // of it, this thread had to wait (they were not mapped yet)
+  // A copy or memset (EagerShape): made instead as a launch of this graph on the stream, which
+  // waits for the slots' restores; null: the program's call is made. Owned by residency.
+  CUgraphExec substitute = nullptr;
+};
+
+// An eager copy or memset between device addresses, as the program asked for it. The driver checks
+// such work's addresses when it is enqueued, and its slots may have no pages yet: under the device
+// handshake the first one that waits for them is also made as a graph of its one node
+// (transform/copy_graph.h), and from then on the same copy or memset is launched as that graph
+// instead, without waiting (its node's addresses were checked when it was added).
+struct EagerShape {
+  bool memset = false;
+  CUdeviceptr dst = 0, src = 0;     // src: a copy's
+  size_t count = 0;                 // a copy's bytes, a memset's elements
+  unsigned value = 0, element = 1;  // a memset's value and element size (1, 2 or 4 bytes)
+  bool operator<(const EagerShape& o) const {
+    return std::tie(memset, dst, src, count, value, element) <
+           std::tie(o.memset, o.dst, o.src, o.count, o.value, o.element);
+  }
 };
 
 // When the driver checks the work's addresses (bench/results/launch_unmapped_h200.txt): kernels
@@ -83,7 +104,8 @@ enum class Checked { when_run, when_enqueued };
 // fit the budget at once, or a restore failed; `message` says why, nothing was enqueued, the data
 // stays safe.
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
-                 Acquired* acquired, std::string* message, Checked checked = Checked::when_run);
+                 Acquired* acquired, std::string* message, Checked checked = Checked::when_run,
+                 const EagerShape* shape = nullptr);
 // After the work was enqueued: the slots were used on the stream (their next eviction waits for
 // that use), and may be evicted again.
 void used(const Acquired& acquired);

@@ -26,4 +26,13 @@ CUDA_MEMCPY3D copy_params(CUdeviceptr va, void* host, size_t bytes, bool to_host
 CUgraphExec make_copy_exec(const Driver& driver, CUcontext context, CUstream stream, CUdeviceptr va,
                            void* host, size_t bytes, bool to_host, const std::string& subject);
 
+// The same for a copy of `bytes` between two device addresses, or a memset of `count` elements of
+// `element` bytes (1, 2 or 4) to `value` at `dst`. The addresses must have pages now.
+CUgraphExec make_device_copy_exec(const Driver& driver, CUcontext context, CUstream stream,
+                                  CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                  const std::string& subject);
+CUgraphExec make_memset_exec(const Driver& driver, CUcontext context, CUstream stream,
+                             CUdeviceptr dst, unsigned value, unsigned element, size_t count,
+                             const std::string& subject);
+
 }  // namespace vaswap

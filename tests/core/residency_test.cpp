@@ -610,6 +610,68 @@ TEST_F(ResidencyTest, TheDefaultIsTheDeviceHandshakeAndTheHostOneWhereItCannotWo
   EXPECT_TRUE(residency::stats().device_handshake);
 }
 
+// The device handshake and eager copies (the driver checks their addresses when they are
+// enqueued): a copy into a slot whose pages are still to come waits for them once, and is made
+// as a graph of its one node then. The same copy later, the slot away again and its eviction held
+// (its last use behind a closed gate), is launched as that graph: the thread does not wait, the
+// stream waits for the restore, and the slot ends up holding what was copied.
+TEST_F(ResidencyTest, AnEagerCopyThatWaitedForPagesGoesAheadAsAGraphNextTime) {
+  on_device(6, [&] {
+    configure(2 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    Slot* c = make_slot(6);
+    fill(a, 61);
+    fill(b, 62);
+    fill(c, 63);  // a leaves for c
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    residency::EagerShape shape;
+    shape.dst = a->va;
+    shape.src = c->va;
+    shape.count = kPage;
+    const auto copy = [&](bool substitute_expected) {
+      // b's last use waits behind a closed gate: b's eviction, which makes room for a, cannot end
+      // before it opens.
+      Gate gate;
+      ASSERT_CU(cuLaunchHostFunc(stream_, Gate::wait_fn, &gate));
+      ASSERT_EQ(CUDA_SUCCESS,
+                use({b}, [&] { ASSERT_CU(cuMemsetD32Async(b->va, 66, kWords, stream_)); }));
+      std::thread opener([&gate] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        gate.release();
+      });
+      residency::Acquired acquired;
+      std::string message;
+      const CUresult rc = residency::acquire({a, c}, stream_, "a test copy", &acquired, &message,
+                                             residency::Checked::when_enqueued, &shape);
+      opener.join();
+      ASSERT_EQ(CUDA_SUCCESS, rc) << message;
+      EXPECT_EQ(acquired.substitute != nullptr, substitute_expected);
+      if (acquired.substitute != nullptr) {
+        ASSERT_CU(cuGraphLaunch(acquired.substitute, acquired.stream));
+      } else {
+        ASSERT_CU(cuMemcpyDtoDAsync(a->va, c->va, kPage, stream_));
+      }
+      residency::used(acquired);
+      ASSERT_CU(cuStreamSynchronize(stream_));
+    };
+    const uint64_t before = residency::stats().map_waits;
+    copy(false);  // waits for a's pages (b leaves): the graph is made
+    EXPECT_EQ(residency::stats().map_waits, before + 1);
+    expect_holds(a, 63);
+    fill(b, 64);  // c leaves
+    fill(c, 65);  // a leaves
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a}, false);
+    const uint64_t waits = residency::stats().map_waits;
+    copy(true);
+    EXPECT_EQ(residency::stats().map_waits, waits) << "the second copy waited for pages";
+    expect_holds(a, 65);
+    expect_holds(c, 65);
+    expect_holds(b, 66);
+  });
+}
+
 // The device handshake, asked for where it cannot work, is a named error before any slot is used:
 // without stream memory operations (device 4), and with one hardware queue (device 5).
 TEST_F(ResidencyTest, TheDeviceHandshakeWhereItCannotWorkIsANamedError) {
