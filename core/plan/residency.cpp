@@ -458,6 +458,14 @@ class Residency {
   // `blocked`: it had to wait.
   bool wait_mapped(const std::vector<Slot*>& slots, std::string* why, bool* blocked);
   bool mapped_now(const std::vector<Slot*>& slots);
+  // The slot's pages of its latest restore are mapped (its data may still be on its way), or it
+  // is not residency's (any more).
+  bool in_place_locked(const Slot* slot) {
+    const Entry* e = find_locked(slot);
+    return e == nullptr || e->forgotten ||
+           (e->mapped &&
+            (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
+  }
   // Device handshake: the graph made for `shape` on `d`, if `stream` is of that device
   // (EagerShape); make_eager_graph makes it while its pages are mapped.
   CUgraphExec eager_graph(const Device& d, const EagerShape& shape, CUstream stream);
@@ -1275,7 +1283,11 @@ void Residency::restore_ahead(Device& d, Job& job) {
       std::thread([this] { run_watchdog(); }).detach();
     }
   }
-  if (job.with_data && exec != nullptr) {
+  if (job.with_data && exec == nullptr) {
+    // restore_locked goes ahead only with the slot's H2D graph: never a restore without its data.
+    die(subject + ": its data has no copy graph to come back with");
+  }
+  if (job.with_data) {
     Copied copied{job.slot,  slot->va, slot->bytes, spare_event(d), spare_event(d), 0,
                   job.ready, flag,     true};
     record_or_die(driver, copied.start, d.ahead_in, subject);
@@ -1321,26 +1333,19 @@ bool Residency::wait_submitted(const std::vector<Entry*>& entries, bool* blocked
 // A slot's pages of its latest restore are mapped (its data may still be on its way).
 bool Residency::mapped_now(const std::vector<Slot*>& slots) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
-    const Entry* e = find_locked(slot);
-    return e == nullptr || e->forgotten ||
-           (e->mapped &&
-            (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
-  });
+  return std::all_of(slots.begin(), slots.end(),
+                     [this](const Slot* slot) { return in_place_locked(slot); });
+}
+
+// An eager graph is made and launched on the program's stream: only one of the graph's device.
+bool on_device_of(const Driver& driver, CUstream stream, int ordinal) {
+  CUdevice device = -1;
+  return driver.cuStreamGetDevice != nullptr &&
+         driver.cuStreamGetDevice(stream, &device) == CUDA_SUCCESS && device == ordinal;
 }
 
 CUgraphExec Residency::eager_graph(const Device& d, const EagerShape& shape, CUstream stream) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = eager_graphs_.find({d.ordinal, shape});
-    if (it == eager_graphs_.end()) return nullptr;
-  }
-  // Launched on the program's stream: only one of the graph's device.
-  CUdevice device = -1;
-  if (drv().cuStreamGetDevice == nullptr ||
-      drv().cuStreamGetDevice(stream, &device) != CUDA_SUCCESS || device != d.ordinal) {
-    return nullptr;
-  }
+  if (!on_device_of(drv(), stream, d.ordinal)) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = eager_graphs_.find({d.ordinal, shape});
   return it == eager_graphs_.end() ? nullptr : it->second;
@@ -1356,11 +1361,7 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
       return;
     }
   }
-  CUdevice device = -1;
-  if (driver.cuStreamGetDevice == nullptr ||
-      driver.cuStreamGetDevice(stream, &device) != CUDA_SUCCESS || device != d.ordinal) {
-    return;
-  }
+  if (!on_device_of(driver, stream, d.ordinal)) return;
   const auto on_device = [&driver](CUdeviceptr p) {
     unsigned type = 0;
     return driver.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) ==
@@ -1391,12 +1392,7 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
 bool Residency::wait_mapped(const std::vector<Slot*>& slots, std::string* why, bool* blocked) {
   *blocked = false;
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto in_place = [this](const Slot* slot) {
-    const Entry* e = find_locked(slot);
-    return e == nullptr || e->forgotten ||
-           (e->mapped &&
-            (!e->restored_once || static_cast<int32_t>(e->mapped_ready - e->ready) >= 0));
-  };
+  const auto in_place = [this](const Slot* slot) { return in_place_locked(slot); };
   if (std::all_of(slots.begin(), slots.end(), in_place)) return true;
   *blocked = true;
   const uint64_t start = trace::now_ns();
