@@ -200,6 +200,11 @@ struct Entry {
   bool ahead = false;  // device handshake: the restore of `ready` was enqueued when decided, and
                        // launches wait for its ready_event on the device, not for the mover
   bool used_since_restore = false;  // work using it was enqueued after its latest restore
+  // Device handshake: the D2H of its latest eviction was enqueued when decided (evict_ahead). A
+  // restore decided while an eviction that took the host path is pending takes the host path
+  // too: that eviction may be called off before its copy (reclaim), and an H2D enqueued ahead
+  // would then copy a stale host copy over the slot's live data.
+  bool eviction_ahead = false;
 };
 
 enum class JobKind { restore, evict };
@@ -873,6 +878,7 @@ void Residency::evict_locked(Entry& e, const char* cause, Actions* out) {
   Device& d = device_locked(e.device);
   e.where = Where::releasing;
   ++e.evictions_decided;
+  e.eviction_ahead = false;  // until carry_out enqueues its D2H
   d.committed -= e.pages;
   Job job;
   job.kind = JobKind::evict;
@@ -928,7 +934,10 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   e.submitted = false;
   // Device handshake: enqueued now, unless its data has no copy graph to come back with (its
   // evictions took the host path); then the host handshake stands in for this restore.
-  e.ahead = d.device_handshake && (!e.has_data || e.h2d_exec != nullptr);
+  // Nor while an eviction of it that took the host path is pending: its copy may never run (a
+  // reclaim calls it off first), and the host copy an H2D enqueued now would read is then stale.
+  const bool host_copy_current = e.evictions_done == e.evictions_decided || e.eviction_ahead;
+  e.ahead = d.device_handshake && (!e.has_data || (e.h2d_exec != nullptr && host_copy_current));
   Job job;
   job.kind = JobKind::restore;
   job.slot = e.id;
@@ -1073,6 +1082,10 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
       for (Job& job : a.jobs) {
         if (job.kind == JobKind::evict) {
           if (job.with_data) job.ahead = evict_ahead(d, job);
+          if (job.ahead) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (Entry* e = by_id_locked(job.slot)) e->eviction_ahead = true;
+          }
         } else if (job.ahead) {
           restore_ahead(d, job);
         }

@@ -893,6 +893,48 @@ TEST_F(ResidencyTest, AReclaimedEvictionKeepsTheLastUsesOfOtherStreams) {
   ASSERT_CU(cuStreamDestroy(second));
 }
 
+// Device handshake: a restore decided while the slot's eviction took the host path (its D2H not
+// enqueued yet; here because its last use's mark cannot be recorded while the stream captures)
+// takes the host path too. That eviction is then called off before its copy (a reclaim), and an
+// H2D enqueued ahead would have copied the host copy of the eviction before, stale, over the
+// slot's live data. Before, it did: a holds 31 at the end instead of 32 (the fault matrix saw a
+// wrong checksum in CI, once, where the mover's evictions for room take the host path).
+TEST_F(ResidencyTest, ARestoreAfterAHostPathEvictionDoesNotGoAhead) {
+  on_device(6, [&] {
+    configure(4 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    fill(a, 31);
+    residency::evict({a}, "plan");  // its first eviction: copy graphs made, the host copy holds 31
+    wait_mapped({a}, false);
+    fill(a, 32);  // back, then 32 written: that use's mark stays open on stream_
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    const uint64_t reclaims = residency::stats().reclaims;
+    residency::capture_count(+1);  // a capture the preload did not see begin: the mark stays open
+    ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
+    residency::evict({a}, "plan");  // the host path: its D2H waits for the mark
+    CUgraph graph = nullptr;
+    ASSERT_CU(cuStreamEndCapture(stream_, &graph));
+    residency::capture_count(-1);
+    ASSERT_CU(cuGraphDestroy(graph));
+    // Back for a launch on another stream, before the eviction copied anything: called off.
+    CUstream other = nullptr;
+    ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    std::swap(other, stream_);
+    std::vector<uint32_t> host(kWords, 0);
+    ASSERT_EQ(CUDA_SUCCESS,
+              use({a}, [&] { ASSERT_CU(cuMemcpyDtoHAsync(host.data(), a->va, kPage, stream_)); }));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    std::swap(other, stream_);
+    residency::stream_gone(other);
+    ASSERT_CU(cuStreamDestroy(other));
+    EXPECT_EQ(residency::stats().reclaims, reclaims + 1) << "the eviction was not called off";
+    EXPECT_EQ(std::count(host.begin(), host.end(), 32u), static_cast<long>(kWords))
+        << "the restore copied the stale host copy over the live data (word 0 holds " << host[0]
+        << ")";
+    expect_holds(a, 32);
+  });
+}
+
 // The device handshake: a slot freed while a stream waits for its restore, still queued behind
 // another restore (held 3 s in cuMemMap), has its flag written by the free, so the stream and the
 // free's own synchronize go on once the other restore lands (before, the mover skipped the freed
