@@ -116,4 +116,10 @@ bool kernel_param_info(const Driver& driver, CUfunction function, CUkernel kerne
   return false;
 }
 
+double elapsed_us(const Driver& driver, CUevent from, CUevent to) {
+  float ms = 0;
+  if (driver.cuEventElapsedTime(&ms, from, to) != CUDA_SUCCESS) return 0;
+  return static_cast<double>(ms) * 1e3;
+}
+
 }  // namespace vaswap

@@ -70,4 +70,8 @@ GetProcAddress driver_get_proc_address(std::string* error = nullptr);
 // "CUDA_ERROR_OUT_OF_MEMORY" for a code, or "CUresult 999" when the driver has no name for it.
 std::string cuda_error_name(CUresult result);
 
+// Microseconds from one recorded timing event to another (cuEventElapsedTime); 0 when the driver
+// cannot say (an event not recorded, or made without timing).
+double elapsed_us(const Driver& driver, CUevent from, CUevent to);
+
 }  // namespace vaswap

@@ -16,7 +16,11 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/trace.h"
+#include "observe/memory_sampler.h"
+#include "plan/copy_test.h"
+#include "plan/executor.h"
 #include "plan/inside.h"
+#include "plan/learner.h"
 #include "plan/schedule.h"
 #include "slots/engine.h"
 #include "slots/worker.h"
@@ -28,19 +32,6 @@ namespace {
 // Launches observed without finding a period before the planner gives up (and stays out of the
 // way: residency alone keeps launches correct and within the budget).
 constexpr size_t kMaxLearningLaunches = 4096;
-// The copy test: one region of at most this size each way, kModelRounds times (the first warms
-// the path); less when the device is short of memory, at least one page.
-constexpr size_t kModelBytes = size_t{64} << 20;
-constexpr size_t kModelMinBytes = size_t{2} << 20;
-// The program's copies and vaswap's own may share the link while the test runs (under the device
-// handshake the program is ahead of the device, and restores are in flight): each figure is the
-// best of the rounds after the first, as sharing only slows them. One H200 run measured 28 GB/s
-// H2D and a 58 ms remap in a single round, where the link gives 54 GB/s and a remap 0.3 ms, and
-// planned no window at all.
-constexpr int kModelRounds = 4;
-// When nothing could be measured and the policy gives no figures: a PCIe 3 x16 link's, which
-// every current system beats, so the plan errs towards starting restores early.
-constexpr double kFallbackGbps = 12;
 
 enum class Phase : int { off, learning, planning, steady };
 
@@ -52,91 +43,6 @@ const char* phase_name(Phase phase) {
     case Phase::steady: return "steady";
   }
   return "?";
-}
-
-// One graph launch observed while learning, with the slots it and the eager work after it use.
-struct Seen {
-  CUgraphExec exec = nullptr;
-  std::vector<Slot*> uses;
-  CUevent start = nullptr, end = nullptr;  // around the launch, on its stream
-};
-
-// The schedule in force, by position.
-struct Active {
-  uint64_t id = 0;
-  std::vector<CUgraphExec> keys;
-  std::vector<std::vector<Slot*>> releases, restores;
-};
-
-double elapsed_us(const Driver& driver, CUevent from, CUevent to) {
-  float ms = 0;
-  if (driver.cuEventElapsedTime(&ms, from, to) != CUDA_SUCCESS) return 0;
-  return static_cast<double>(ms) * 1e3;
-}
-
-// Samples cuMemGetInfo on a thread of its own and writes each change to the trace.
-class MemorySampler {
- public:
-  MemorySampler(const Driver& driver, CUcontext context, int device, uint64_t interval_ns)
-      : thread_([this, &driver, context, device, interval_ns] {
-          driver.cuCtxSetCurrent(context);
-          // Invariant 5: like every vaswap thread, never able to invalidate a global capture.
-          CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
-          driver.cuThreadExchangeStreamCaptureMode(&relaxed);
-          size_t last = 0;
-          std::unique_lock<std::mutex> lock(mutex_);
-          while (!stop_) {
-            size_t free_bytes = 0, total_bytes = 0;
-            try {
-              engine().note_memory();
-            } catch (const Error&) {  // no engine: the samples alone
-            }
-            if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS &&
-                free_bytes != last && trace::enabled()) {
-              trace::Record(trace::Event::mem_sample)
-                  .add("device", device)
-                  .add("free", static_cast<uint64_t>(free_bytes))
-                  .add("total", static_cast<uint64_t>(total_bytes))
-                  .emit();
-              last = free_bytes;
-            }
-            wake_.wait_for(lock, std::chrono::nanoseconds(interval_ns));
-          }
-        }) {}
-  MemorySampler(const MemorySampler&) = delete;
-  MemorySampler& operator=(const MemorySampler&) = delete;
-  ~MemorySampler() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-// An event in `stream`'s own context (DESIGN.md invariant 6: events are made on the device of
-// what they are recorded on), recorded there now.
-CUevent record_on(const Driver& driver, CUstream stream, unsigned flags) {
-  CUcontext context = nullptr;
-  if (driver.cuStreamGetCtx(stream, &context) != CUDA_SUCCESS) driver.cuCtxGetCurrent(&context);
-  ContextScope scope(driver, context);
-  CUevent event = nullptr;
-  if (driver.cuEventCreate(&event, flags) != CUDA_SUCCESS) {
-    fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
-  }
-  const CUresult rc = driver.cuEventRecord(event, stream);
-  if (rc != CUDA_SUCCESS) {
-    driver.cuEventDestroy(event);
-    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventRecord", rc, "a planner timing event"));
-  }
-  return event;
 }
 
 class Planner {
@@ -197,7 +103,6 @@ class Planner {
                  residency::Checked checked = residency::Checked::when_run,
                  const residency::EagerShape* shape = nullptr);
   void learn(const char* why);
-  void drop_events(std::vector<Seen>& seen);
   void observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots);
   void start_planning(int period);
   Ticket advance(std::unique_lock<std::mutex>& lock, const char* symbol, CUgraphExec exec,
@@ -208,8 +113,8 @@ class Planner {
     uint64_t bytes = 0;
     for (const Slot* slot : slots) bytes += slot->bytes;
     trace::Record(event)
-        .add("plan", active_.id)
-        .add("position", position_)
+        .add("plan", executor_.plan())
+        .add("position", executor_.position())
         .add("slots", static_cast<uint64_t>(slots.size()))
         .add("bytes", bytes)
         .hex("stream", stream_id(stream))
@@ -217,23 +122,21 @@ class Planner {
   }
 
   // On the planning worker, without mutex_ (takes it to publish).
-  struct Job;
-  void plan(Job& job);
+  void plan(Learned& learned, uint64_t generation);
   plan::Model model_for(int device);
 
   std::mutex mutex_;
   Policy policy_;
   Phase phase_ = Phase::off;
   std::atomic<bool> eager_{true};
-  std::vector<Seen> seen_;
-  std::vector<CUgraphExec> keys_;  // the period being planned or in force
-  Active active_;
-  int position_ = 0;
+  Learner learner_;
+  Executor executor_;        // the period being planned or in force, and its plan
   uint64_t generation_ = 0;  // bumped whenever learning starts over; stale plans are dropped
   std::unique_ptr<Worker> planning_worker_;
   std::unique_ptr<MemorySampler> sampler_;
   bool sampler_tried_ = false;
-  std::map<int, plan::Model> measured_;  // per device: each has its own link
+  std::map<int, plan::Model>
+      measured_;  // per device: each has its own link (the planning worker's)
   Counters counters_;
   // rules mode
   struct ParsedRule {
@@ -299,11 +202,8 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
 void Planner::learn(const char* why) {
   if (policy_.mode != Mode::auto_) return;
   const Phase was = phase_;
-  drop_events(seen_);
-  seen_.clear();
-  keys_.clear();
-  active_ = Active{};
-  position_ = 0;
+  learner_.clear();
+  executor_.clear();
   ++generation_;
   residency::set_schedule({});
   set_phase(Phase::learning);
@@ -316,115 +216,50 @@ void Planner::learn(const char* why) {
   }
 }
 
-void Planner::drop_events(std::vector<Seen>& seen) {
-  const Driver& driver = *load_driver(nullptr);
-  for (Seen& s : seen) {
-    for (CUevent event : {s.start, s.end}) {
-      if (event != nullptr) driver.cuEventDestroy(event);
-    }
-    s.start = s.end = nullptr;
-  }
-}
-
 void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots) {
-  const Driver& driver = *load_driver(nullptr);
-  Seen s;
-  s.exec = exec;
-  s.uses = slots;
-  s.start = record_on(driver, stream, CU_EVENT_DEFAULT);
-  seen_.push_back(std::move(s));
-  std::vector<CUgraphExec> keys;
-  keys.reserve(seen_.size());
-  for (const Seen& seen : seen_) keys.push_back(seen.exec);
-  if (const int period = plan::find_period(keys, policy_.learning_steps)) {
+  if (const int period = learner_.observe(exec, stream, slots, policy_.learning_steps)) {
     start_planning(period);
-  } else if (seen_.size() >= kMaxLearningLaunches) {
+  } else if (learner_.size() >= kMaxLearningLaunches) {
     log().warn(
         "no periodic pattern in {} graph launches; vaswap keeps slots within the budget by least "
         "recent use, without a schedule (launches stay correct)",
-        seen_.size());
+        learner_.size());
     if (trace::enabled()) {
       trace::Record(trace::Event::notice)
           .add("message", "no periodic launch pattern found; the planner stops learning")
           .emit();
     }
-    drop_events(seen_);
-    seen_.clear();
+    learner_.clear();
     set_phase(Phase::off);
   }
 }
 
-struct Planner::Job {
-  uint64_t generation = 0;
-  int device = 0;
-  std::vector<Seen> window;    // the last complete period and the launch that began the next
-  std::vector<Slot*> regions;  // index -> slot
-  std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
-  plan::Period period;
-};
-
 void Planner::start_planning(int period) {
-  auto job = std::make_shared<Job>();
-  job->generation = generation_;
-  const size_t n = seen_.size();
-  const size_t first = n - 1 - static_cast<size_t>(period);
-  // Uses per position: the union over every period observed in the repeat.
-  std::map<Slot*, int> index;
-  job->period.uses.resize(static_cast<size_t>(period));
-  for (size_t k = 1; static_cast<int64_t>(k) * period <= static_cast<int64_t>(n - 1) &&
-                     static_cast<int>(k) <= policy_.learning_steps;
-       ++k) {
-    for (int i = 0; i < period; ++i) {
-      const Seen& s = seen_[n - 1 - k * static_cast<size_t>(period) + static_cast<size_t>(i)];
-      auto& uses = job->period.uses[static_cast<size_t>(i)];
-      for (Slot* slot : s.uses) {
-        auto [it, added] = index.emplace(slot, static_cast<int>(job->regions.size()));
-        if (added) {
-          job->regions.push_back(slot);
-          job->devices.push_back(slot->device);
-          job->period.region_bytes.push_back(slot->bytes);
-          job->period.region_pages.push_back(slot->mapped_bytes);
-        }
-        if (std::find(uses.begin(), uses.end(), it->second) == uses.end()) {
-          uses.push_back(it->second);
-        }
-      }
-    }
-  }
-  job->device = job->regions.empty() ? 0 : job->regions[0]->device;
-  for (size_t i = first; i < n; ++i) {
-    job->window.push_back(seen_[i]);
-    seen_[i].start = seen_[i].end = nullptr;  // the job owns these events now
-  }
-  drop_events(seen_);
-  seen_.clear();
-  keys_.clear();
-  for (size_t i = 0; i < static_cast<size_t>(period); ++i) keys_.push_back(job->window[i].exec);
-  position_ = 1 % period;  // the launch that completed the repeat was position 0
+  std::shared_ptr<Learned> learned = learner_.take(period, policy_.learning_steps);
+  const uint64_t generation = generation_;
+  std::vector<CUgraphExec> keys;
+  for (size_t i = 0; i < static_cast<size_t>(period); ++i) keys.push_back(learned->window[i].exec);
+  executor_.follow(std::move(keys));  // the launch that completed the repeat was position 0
   set_phase(Phase::planning);
   // The positions' uses go to residency at once: eviction picks the farthest next use.
   {
     std::vector<std::vector<Slot*>> uses(static_cast<size_t>(period));
     for (int i = 0; i < period; ++i) {
-      for (int region : job->period.uses[static_cast<size_t>(i)]) {
-        uses[static_cast<size_t>(i)].push_back(job->regions[static_cast<size_t>(region)]);
+      for (int region : learned->period.uses[static_cast<size_t>(i)]) {
+        uses[static_cast<size_t>(i)].push_back(learned->regions[static_cast<size_t>(region)]);
       }
     }
     residency::set_schedule(uses);
-    residency::at_position(position_);
+    residency::at_position(executor_.position());
   }
-  if (job->regions.empty()) {
+  if (learned->regions.empty()) {
     // No slot is used in the period: nothing to plan, and no copy test to run.
-    drop_events(job->window);
-    active_ = Active{};
-    active_.id = ++counters_.plans;
-    active_.keys = keys_;
-    active_.releases.resize(static_cast<size_t>(period));
-    active_.restores.resize(static_cast<size_t>(period));
+    drop_events(learned->window);
+    executor_.install(++counters_.plans, {}, {});
     set_phase(Phase::steady);
     if (trace::enabled()) {
       trace::Record(trace::Event::plan)
-          .add("plan", active_.id)
+          .add("plan", executor_.plan())
           .add("period", static_cast<uint64_t>(period))
           .add("regions", uint64_t{0})
           .add("windows", uint64_t{0})
@@ -435,10 +270,10 @@ void Planner::start_planning(int period) {
   }
   if (!planning_worker_) {
     const Driver& driver = *load_driver(nullptr);
-    CUcontext context = engine().context(job->device);
+    CUcontext context = engine().context(learned->device);
     planning_worker_ = std::make_unique<Worker>(driver, context, "vaswap-plan");
   }
-  planning_worker_->post([this, job] { plan(*job); });
+  planning_worker_->post([this, learned, generation] { plan(*learned, generation); });
 }
 
 plan::Model Planner::model_for(int device) {
@@ -446,99 +281,13 @@ plan::Model Planner::model_for(int device) {
                     static_cast<double>(policy_.remap_latency_ns) / 1e3, "given"};
   if (policy_.model == Model::given) return given;
   if (auto it = measured_.find(device); it != measured_.end()) return it->second;
-  // The copy test: one slot of up to 64 MiB (a quarter of what the device has free, when that is
-  // less), D2H then H2D kModelRounds times on a stream of its own, then as many unmaps and maps of
-  // its pages; the best of each after the first round counts.
-  const Driver& driver = *load_driver(nullptr);
-  Engine& e = engine();
-  plan::Model m{0, 0, 0, "measured"};
-  Slot* slot = nullptr;
-  void* host = nullptr;
-  CUstream stream = nullptr;
-  CUevent events[3] = {};
-  size_t bytes = kModelBytes;
-  try {
-    ContextScope scope(driver, e.context(device));
-    size_t free_bytes = 0, total_bytes = 0;
-    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
-      bytes = std::max(kModelMinBytes,
-                       std::min(bytes, free_bytes / 4 / kModelMinBytes * kModelMinBytes));
-    }
-    // Quietly: under memory pressure the test may not fit, and the plan then uses other figures.
-    slot = e.create_slot(device, bytes, /*intercepted=*/false, /*backed=*/true, /*report=*/false);
-    host = e.host_alloc(bytes);
-    if (driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      fail(VASWAP_ERROR_CUDA, "cuStreamCreate failed");
-    }
-    for (CUevent& event : events) driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
-    double d2h_us = 0, h2d_us = 0;
-    for (int round = 0; round < kModelRounds; ++round) {
-      driver.cuEventRecord(events[0], stream);
-      driver.cuMemcpyDtoHAsync(host, slot->va, bytes, stream);
-      driver.cuEventRecord(events[1], stream);
-      driver.cuMemcpyHtoDAsync(slot->va, host, bytes, stream);
-      driver.cuEventRecord(events[2], stream);
-      if (driver.cuEventSynchronize(events[2]) != CUDA_SUCCESS) {
-        fail(VASWAP_ERROR_CUDA, "the copy test did not complete");
-      }
-      if (round == 0) continue;
-      const double d2h = elapsed_us(driver, events[0], events[1]);
-      const double h2d = elapsed_us(driver, events[1], events[2]);
-      if (d2h > 0 && (d2h_us == 0 || d2h < d2h_us)) d2h_us = d2h;
-      if (h2d > 0 && (h2d_us == 0 || h2d < h2d_us)) h2d_us = h2d;
-    }
-    for (int round = 1; round < kModelRounds; ++round) {
-      const uint64_t start = trace::now_ns();
-      e.unback(slot, std::nullopt);
-      e.back(slot, std::nullopt, /*report=*/false);
-      const double remap = trace::us_since(start);
-      if (m.remap_us == 0 || remap < m.remap_us) m.remap_us = remap;
-    }
-    m.d2h_gbps = d2h_us > 0 ? static_cast<double>(bytes) / (d2h_us * 1e3) : 0;
-    m.h2d_gbps = h2d_us > 0 ? static_cast<double>(bytes) / (h2d_us * 1e3) : 0;
-  } catch (const Error& error) {
-    log().info("the copy test could not run ({}); planning with the policy's numbers",
-               error.what());
-    m.source = "measured (failed)";
-  }
-  for (CUevent event : events) {
-    if (event != nullptr) driver.cuEventDestroy(event);
-  }
-  if (stream != nullptr) driver.cuStreamDestroy(stream);
-  if (host != nullptr) e.host_free(host);
-  if (slot != nullptr) {
-    try {
-      e.destroy_slot(slot);
-    } catch (const Error& error) {
-      log().warn("the copy test's slot: {}", error.what());
-    }
-  }
-  if (m.h2d_gbps <= 0 || m.d2h_gbps <= 0) {
-    // Nothing measured: the policy's numbers, or a slow link's.
-    m = given;
-    m.source = "given (copy test failed)";
-    if (m.h2d_gbps <= 0 || m.d2h_gbps <= 0) {
-      m = plan::Model{kFallbackGbps, kFallbackGbps, 1000, "fallback (copy test failed)"};
-    }
-  }
-  measured_[device] = m;
-  return m;
+  return measured_[device] = copy_test(device, given);
 }
 
 // On the planning worker.
-void Planner::plan(Job& job) {
-  const Driver& driver = *load_driver(nullptr);
-  const size_t period = job.window.size() - 1;
-  // The times of the last complete period, on the device's clock.
-  driver.cuEventSynchronize(job.window.back().start);
-  CUevent origin = job.window[0].start;
-  for (size_t i = 0; i < period; ++i) {
-    job.period.start_us.push_back(elapsed_us(driver, origin, job.window[i].start));
-    const CUevent end = job.window[i].end != nullptr ? job.window[i].end : job.window[i + 1].start;
-    job.period.end_us.push_back(elapsed_us(driver, origin, end));
-  }
-  job.period.length_us = elapsed_us(driver, origin, job.window.back().start);
-  drop_events(job.window);
+void Planner::plan(Learned& learned, uint64_t generation) {
+  const size_t period = learned.window.size() - 1;
+  learned_times(learned);  // the times of the last complete period, on the device's clock
 
   Policy policy;
   {
@@ -549,7 +298,7 @@ void Planner::plan(Job& job) {
   // process may use several GPUs; each position's timing is the same for all).
   // The slots may be freed meanwhile (the plan is then dropped below): their devices were noted.
   std::vector<int> devices;
-  for (int device : job.devices) {
+  for (int device : learned.devices) {
     if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
       devices.push_back(device);
     }
@@ -563,26 +312,26 @@ void Planner::plan(Job& job) {
     size_t regions = 0;
   };
   std::vector<Part> parts;
-  std::vector<plan::Window> windows;  // regions: indices into job.regions
+  std::vector<plan::Window> windows;  // regions: indices into learned.regions
   for (int device : devices) {
     plan::Period sub;
-    sub.start_us = job.period.start_us;
-    sub.end_us = job.period.end_us;
-    sub.length_us = job.period.length_us;
+    sub.start_us = learned.period.start_us;
+    sub.end_us = learned.period.end_us;
+    sub.length_us = learned.period.length_us;
     std::vector<int> global;
-    std::vector<int> local(job.regions.size(), -1);
+    std::vector<int> local(learned.regions.size(), -1);
     Part part;
     part.device = device;
-    for (size_t r = 0; r < job.regions.size(); ++r) {
-      if (job.devices[r] != device) continue;
+    for (size_t r = 0; r < learned.regions.size(); ++r) {
+      if (learned.devices[r] != device) continue;
       local[r] = static_cast<int>(global.size());
       global.push_back(static_cast<int>(r));
-      sub.region_bytes.push_back(job.period.region_bytes[r]);
-      sub.region_pages.push_back(job.period.region_pages[r]);
-      part.region_bytes += job.period.region_bytes[r];
+      sub.region_bytes.push_back(learned.period.region_bytes[r]);
+      sub.region_pages.push_back(learned.period.region_pages[r]);
+      part.region_bytes += learned.period.region_bytes[r];
     }
     part.regions = global.size();
-    for (const std::vector<int>& uses : job.period.uses) {
+    for (const std::vector<int>& uses : learned.period.uses) {
       auto& mine = sub.uses.emplace_back();
       for (int r : uses) {
         if (local[static_cast<size_t>(r)] >= 0) mine.push_back(local[static_cast<size_t>(r)]);
@@ -610,27 +359,23 @@ void Planner::plan(Job& job) {
   }
 
   std::lock_guard<std::mutex> lock(mutex_);
-  if (job.generation != generation_ || phase_ != Phase::planning) return;  // learning again
-  Active active;
-  active.id = ++counters_.plans;
-  active.keys = keys_;
-  active.releases.resize(period);
-  active.restores.resize(period);
+  if (generation != generation_ || phase_ != Phase::planning) return;  // learning again
+  std::vector<std::vector<Slot*>> releases(period), restores(period);
   for (const plan::Window& w : windows) {
-    Slot* slot = job.regions[static_cast<size_t>(w.region)];
-    active.releases[static_cast<size_t>(w.release_at)].push_back(slot);
-    active.restores[static_cast<size_t>(w.restore_at)].push_back(slot);
+    Slot* slot = learned.regions[static_cast<size_t>(w.region)];
+    releases[static_cast<size_t>(w.release_at)].push_back(slot);
+    restores[static_cast<size_t>(w.restore_at)].push_back(slot);
   }
-  active_ = std::move(active);
+  executor_.install(++counters_.plans, std::move(releases), std::move(restores));
   set_phase(Phase::steady);
   if (!trace::enabled()) return;
   for (const Part& part : parts) {  // one event per device, under the one plan number
     const plan::Plan& chosen = part.plan;
     trace::Record(trace::Event::plan)
-        .add("plan", active_.id)
+        .add("plan", executor_.plan())
         .add("device", part.device)
         .add("period", static_cast<uint64_t>(period))
-        .add("period_us", job.period.length_us)
+        .add("period_us", learned.period.length_us)
         .add("regions", static_cast<uint64_t>(part.regions))
         .add("region_bytes", part.region_bytes)
         .add("budget", part.budget.target)
@@ -646,9 +391,9 @@ void Planner::plan(Job& job) {
         .emit();
   }
   for (const plan::Window& w : windows) {
-    const Slot* slot = job.regions[static_cast<size_t>(w.region)];
+    const Slot* slot = learned.regions[static_cast<size_t>(w.region)];
     trace::Record(trace::Event::plan_window)
-        .add("plan", active_.id)
+        .add("plan", executor_.plan())
         .add("slot", slot->id)
         .hex("va", slot->va)
         .add("bytes", static_cast<uint64_t>(slot->bytes))
@@ -694,21 +439,17 @@ void Planner::start_sampler(const Driver& driver) {
 // that must start now to land before their use.
 Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, CUgraphExec exec,
                         CUstream stream, const std::vector<Slot*>& slots, const std::string& what) {
-  const int period = static_cast<int>(keys_.size());
-  if (keys_[static_cast<size_t>(position_)] != exec) {
+  int expected = 0;
+  const int found = executor_.locate(exec, &expected);
+  if (found != expected) {
     // Out of order: a known graph resynchronizes (an evaluation step, a skipped graph); an
     // unknown one means a new pattern.
-    int found = -1;
-    for (int k = 1; k <= period && found < 0; ++k) {
-      const int q = (position_ + k) % period;
-      if (keys_[static_cast<size_t>(q)] == exec) found = q;
-    }
     ++counters_.deviations;
     if (trace::enabled()) {
       trace::Record(trace::Event::deviation)
           .add("call", symbol)
           .hex("exec", reinterpret_cast<uintptr_t>(exec))
-          .add("expected", position_)
+          .add("expected", expected)
           .add("found", found)
           .emit();
     }
@@ -718,33 +459,26 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
       if (ticket.result == CUDA_SUCCESS && phase_ == Phase::learning) observe(exec, stream, slots);
       return ticket;
     }
-    position_ = found;
   }
-  const auto p = static_cast<size_t>(position_);
-  residency::at_position(position_);
-  Ticket ticket;
-  if (phase_ == Phase::steady) {
-    if (!active_.releases[p].empty()) {
-      residency::evict(active_.releases[p], "plan");
-      counters_.planned_offloads += active_.releases[p].size();
-      trace_action(trace::Event::plan_offload, active_.releases[p], stream);
-    }
-    // The launch's own slots only: the eager work that follows it (and that the period counts at
-    // this position) acquires its own, one call at a time.
-    const uint64_t generation = generation_;
-    ticket = acquire(lock, slots, stream, what, "graph");
-    if (generation_ != generation) return ticket;  // learning again meanwhile: no plan to follow
-    if (ticket.result == CUDA_SUCCESS && !active_.restores[p].empty()) {
-      residency::prefetch(active_.restores[p]);
-      counters_.planned_restores += active_.restores[p].size();
-      trace_action(trace::Event::plan_restore, active_.restores[p], stream);
-    }
-  } else {
-    const uint64_t generation = generation_;
-    ticket = acquire(lock, slots, stream, what, "graph");
-    if (generation_ != generation) return ticket;
+  residency::at_position(executor_.position());
+  const uint64_t generation = generation_;
+  if (phase_ == Phase::steady && !executor_.releases().empty()) {
+    const std::vector<Slot*>& releases = executor_.releases();
+    residency::evict(releases, "plan");
+    counters_.planned_offloads += releases.size();
+    trace_action(trace::Event::plan_offload, releases, stream);
   }
-  position_ = (position_ + 1) % period;
+  // The launch's own slots only: the eager work that follows it (and that the period counts at
+  // this position) acquires its own, one call at a time.
+  Ticket ticket = acquire(lock, slots, stream, what, "graph");
+  if (generation_ != generation) return ticket;  // learning again meanwhile: no plan to follow
+  if (phase_ == Phase::steady && ticket.result == CUDA_SUCCESS && !executor_.restores().empty()) {
+    const std::vector<Slot*>& restores = executor_.restores();
+    residency::prefetch(restores);
+    counters_.planned_restores += restores.size();
+    trace_action(trace::Event::plan_restore, restores, stream);
+  }
+  executor_.next();
   return ticket;
 }
 
@@ -814,12 +548,9 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
     }
     return;
   }
-  if (phase_ != Phase::learning || seen_.empty() || seen_.back().exec != exec ||
-      seen_.back().end != nullptr) {
-    return;
-  }
+  if (phase_ != Phase::learning) return;
   try {
-    seen_.back().end = record_on(*load_driver(nullptr), stream, CU_EVENT_DEFAULT);
+    learner_.launched(exec, stream);
   } catch (const Error& error) {
     log().warn("a learning timing event: {}", error.what());
   }
@@ -833,12 +564,7 @@ Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vec
     log().error("{}", ticket.message);
     return ticket;
   }
-  if (phase_ == Phase::learning && !seen_.empty()) {
-    auto& uses = seen_.back().uses;
-    for (Slot* slot : slots) {
-      if (std::find(uses.begin(), uses.end(), slot) == uses.end()) uses.push_back(slot);
-    }
-  }
+  if (phase_ == Phase::learning) learner_.also_uses(slots);
   const size_t restored = ticket.acquired.demanded;
   if (restored > 0 && phase_ == Phase::steady) {
     counters_.guard_hits += restored;
@@ -846,7 +572,7 @@ Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vec
       trace::Record(trace::Event::guard_hit)
           .add("call", symbol)
           .add("slots", static_cast<uint64_t>(restored))
-          .add("position", position_)
+          .add("position", executor_.position())
           .hex("stream", stream_id(stream))
           .emit();
     }
@@ -857,32 +583,20 @@ Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vec
 void Planner::capture_begun() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::planning || phase_ == Phase::steady ||
-      (phase_ == Phase::learning && !seen_.empty())) {
+      (phase_ == Phase::learning && !learner_.empty())) {
     learn("a capture began");
   }
 }
 
 void Planner::exec_changed(CUgraphExec exec) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const bool in_pattern =
-      std::find(keys_.begin(), keys_.end(), exec) != keys_.end() ||
-      std::any_of(seen_.begin(), seen_.end(), [exec](const Seen& s) { return s.exec == exec; });
-  if (in_pattern) learn("a graph of the pattern was changed");
+  if (executor_.knows(exec) || learner_.saw(exec)) learn("a graph of the pattern was changed");
 }
 
 void Planner::forget(Slot* slot) {
   std::lock_guard<std::mutex> lock(mutex_);
-  bool planned = false;
-  for (auto* lists : {&active_.releases, &active_.restores}) {
-    for (auto& list : *lists) {
-      const auto it = std::find(list.begin(), list.end(), slot);
-      if (it != list.end()) {
-        planned = true;
-        list.erase(it);
-      }
-    }
-  }
-  for (Seen& s : seen_) s.uses.erase(std::remove(s.uses.begin(), s.uses.end(), slot), s.uses.end());
+  const bool planned = executor_.forget(slot);
+  learner_.forget(slot);
   if (planned || phase_ == Phase::planning) learn("a slot in the plan was freed");
 }
 

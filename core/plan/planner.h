@@ -14,6 +14,11 @@
 // device) for its data. A launch that cannot fit the budget gets the API's out-of-memory error.
 // Calls come from the preload's hooks (intercept.h), on the application's threads, outside any
 // capture.
+//
+// Its parts: learning (learner.h) records the launches until they repeat; the copy test
+// (copy_test.h) measures the link once per device; the pure schedule (schedule.h) chooses the
+// windows on the planning worker; the executor (executor.h) follows the period and says what is
+// due at each launch, which this file has residency carry out.
 #pragma once
 
 #include <cuda.h>

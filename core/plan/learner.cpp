@@ -1,0 +1,134 @@
+#include "plan/learner.h"
+
+#include <algorithm>
+#include <map>
+
+#include "base/driver.h"
+#include "base/errors.h"
+#include "slots/engine.h"
+
+namespace vaswap::planner {
+
+namespace {
+
+// An event in `stream`'s own context (DESIGN.md invariant 6: events are made on the device of
+// what they are recorded on), recorded there now.
+CUevent record_on(const Driver& driver, CUstream stream) {
+  CUcontext context = nullptr;
+  if (driver.cuStreamGetCtx(stream, &context) != CUDA_SUCCESS) driver.cuCtxGetCurrent(&context);
+  ContextScope scope(driver, context);
+  CUevent event = nullptr;
+  if (driver.cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+    fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
+  }
+  const CUresult rc = driver.cuEventRecord(event, stream);
+  if (rc != CUDA_SUCCESS) {
+    driver.cuEventDestroy(event);
+    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventRecord", rc, "a planner timing event"));
+  }
+  return event;
+}
+
+}  // namespace
+
+void drop_events(std::vector<Seen>& seen) {
+  const Driver& driver = *load_driver(nullptr);
+  for (Seen& s : seen) {
+    for (CUevent event : {s.start, s.end}) {
+      if (event != nullptr) driver.cuEventDestroy(event);
+    }
+    s.start = s.end = nullptr;
+  }
+}
+
+int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots,
+                     int repeats) {
+  Seen s;
+  s.exec = exec;
+  s.uses = slots;
+  s.start = record_on(*load_driver(nullptr), stream);
+  seen_.push_back(std::move(s));
+  std::vector<CUgraphExec> keys;
+  keys.reserve(seen_.size());
+  for (const Seen& seen : seen_) keys.push_back(seen.exec);
+  return plan::find_period(keys, repeats);
+}
+
+void Learner::launched(CUgraphExec exec, CUstream stream) {
+  if (seen_.empty() || seen_.back().exec != exec || seen_.back().end != nullptr) return;
+  seen_.back().end = record_on(*load_driver(nullptr), stream);
+}
+
+void Learner::also_uses(const std::vector<Slot*>& slots) {
+  if (seen_.empty()) return;
+  auto& uses = seen_.back().uses;
+  for (Slot* slot : slots) {
+    if (std::find(uses.begin(), uses.end(), slot) == uses.end()) uses.push_back(slot);
+  }
+}
+
+std::shared_ptr<Learned> Learner::take(int period, int repeats) {
+  auto learned = std::make_shared<Learned>();
+  const size_t n = seen_.size();
+  const size_t first = n - 1 - static_cast<size_t>(period);
+  // Uses per position: the union over every period observed in the repeat.
+  std::map<Slot*, int> index;
+  learned->period.uses.resize(static_cast<size_t>(period));
+  for (size_t k = 1; static_cast<int64_t>(k) * period <= static_cast<int64_t>(n - 1) &&
+                     static_cast<int>(k) <= repeats;
+       ++k) {
+    for (int i = 0; i < period; ++i) {
+      const Seen& s = seen_[n - 1 - k * static_cast<size_t>(period) + static_cast<size_t>(i)];
+      auto& uses = learned->period.uses[static_cast<size_t>(i)];
+      for (Slot* slot : s.uses) {
+        auto [it, added] = index.emplace(slot, static_cast<int>(learned->regions.size()));
+        if (added) {
+          learned->regions.push_back(slot);
+          learned->devices.push_back(slot->device);
+          learned->period.region_bytes.push_back(slot->bytes);
+          learned->period.region_pages.push_back(slot->mapped_bytes);
+        }
+        if (std::find(uses.begin(), uses.end(), it->second) == uses.end()) {
+          uses.push_back(it->second);
+        }
+      }
+    }
+  }
+  learned->device = learned->regions.empty() ? 0 : learned->regions[0]->device;
+  for (size_t i = first; i < n; ++i) {
+    learned->window.push_back(seen_[i]);
+    seen_[i].start = seen_[i].end = nullptr;  // the window owns these events now
+  }
+  clear();
+  return learned;
+}
+
+bool Learner::saw(CUgraphExec exec) const {
+  return std::any_of(seen_.begin(), seen_.end(), [exec](const Seen& s) { return s.exec == exec; });
+}
+
+void Learner::forget(Slot* slot) {
+  for (Seen& s : seen_) s.uses.erase(std::remove(s.uses.begin(), s.uses.end(), slot), s.uses.end());
+}
+
+void Learner::clear() {
+  drop_events(seen_);
+  seen_.clear();
+}
+
+void learned_times(Learned& learned) {
+  const Driver& driver = *load_driver(nullptr);
+  const size_t period = learned.window.size() - 1;
+  driver.cuEventSynchronize(learned.window.back().start);
+  const CUevent origin = learned.window[0].start;
+  for (size_t i = 0; i < period; ++i) {
+    const Seen& s = learned.window[i];
+    learned.period.start_us.push_back(elapsed_us(driver, origin, s.start));
+    const CUevent end = s.end != nullptr ? s.end : learned.window[i + 1].start;
+    learned.period.end_us.push_back(elapsed_us(driver, origin, end));
+  }
+  learned.period.length_us = elapsed_us(driver, origin, learned.window.back().start);
+  drop_events(learned.window);
+}
+
+}  // namespace vaswap::planner

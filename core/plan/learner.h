@@ -1,0 +1,78 @@
+// Learning (DESIGN.md section 5): the planner's first phase. It records every graph launch, with
+// the slots the launch and the eager work after it use and device timing events around it, until
+// the launches repeat with one period schedule.learning_steps times in a row. What it found (the
+// last complete period: its uses per position and, once the events have completed, its timing)
+// is what the pure schedule (schedule.h) plans over.
+//
+// Not thread-safe: the planner calls it under its own lock, except learned_times(), which the
+// planning worker calls on a Learned that nobody else holds.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "plan/schedule.h"
+
+namespace vaswap {
+
+struct Slot;
+
+namespace planner {
+
+// One graph launch observed while learning, with the slots it and the eager work after it use.
+struct Seen {
+  CUgraphExec exec = nullptr;
+  std::vector<Slot*> uses;
+  CUevent start = nullptr, end = nullptr;  // around the launch, on its stream
+};
+
+// The period learning found. `window` is the last complete period and the launch that began the
+// next (whose start event ends the period); it owns their events until learned_times() drops them.
+struct Learned {
+  int device = 0;              // the device of the first slot used (the planning worker's)
+  std::vector<Seen> window;    // period + 1 launches
+  std::vector<Slot*> regions;  // index -> slot
+  std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
+  plan::Period period;         // uses per position (the union over the periods observed)
+};
+
+class Learner {
+ public:
+  Learner() = default;
+  Learner(const Learner&) = delete;
+  Learner& operator=(const Learner&) = delete;
+  ~Learner() { clear(); }
+
+  // A graph launch on `stream` (enqueued next) that uses `slots`: a timing event is recorded on
+  // the stream before it. Returns the period once the launches repeat `repeats` times with it
+  // (then take() hands it over), else 0.
+  int observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots, int repeats);
+  // The launch of `exec` observed last was enqueued: a timing event after it.
+  void launched(CUgraphExec exec, CUstream stream);
+  // Eager work after the last launch observed uses `slots` too.
+  void also_uses(const std::vector<Slot*>& slots);
+  // The period observe() returned, with its events; learning is empty again.
+  std::shared_ptr<Learned> take(int period, int repeats);
+
+  bool empty() const { return seen_.empty(); }
+  size_t size() const { return seen_.size(); }
+  bool saw(CUgraphExec exec) const;
+  void forget(Slot* slot);
+  void clear();  // drops what was seen and its events
+
+ private:
+  std::vector<Seen> seen_;
+};
+
+// On the planning worker: the period's timing on the device's clock (it waits for the last
+// launch's start event), into learned.period; then the window's events are destroyed.
+void learned_times(Learned& learned);
+
+// Destroys the launches' timing events.
+void drop_events(std::vector<Seen>& seen);
+
+}  // namespace planner
+}  // namespace vaswap
