@@ -84,11 +84,18 @@ plan::Model copy_test(int device, const plan::Model& given) {
   for (CUevent event : events) {
     if (event != nullptr) driver.cuEventDestroy(event);
   }
-  if (stream != nullptr) driver.cuStreamDestroy(stream);
+  // Only the test's own stream touched the slot. A context-wide synchronize would also wait for
+  // the program's streams, and under the device handshake one may be parked on a restore that
+  // waits for the very pages this slot holds (the fault matrix's demo hung so, under load).
+  bool idle = true;
+  if (stream != nullptr) {
+    idle = driver.cuStreamSynchronize(stream) == CUDA_SUCCESS;
+    driver.cuStreamDestroy(stream);
+  }
   if (host != nullptr) e.host_free(host);
   if (slot != nullptr) {
     try {
-      e.destroy_slot(slot);
+      e.destroy_slot(slot, /*device_idle_for_it=*/idle);
     } catch (const Error& error) {
       log().warn("the copy test's slot: {}", error.what());
     }

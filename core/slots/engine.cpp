@@ -592,7 +592,7 @@ void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing, bool k
   pages_released(facts_of(*slot), times, start, timing);
 }
 
-void Engine::destroy_slot(Slot* slot) {
+void Engine::destroy_slot(Slot* slot, bool device_idle_for_it) {
   CUmemGenericAllocationHandle remap_handle = 0;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -623,10 +623,12 @@ void Engine::destroy_slot(Slot* slot) {
   ContextScope scope(driver_, d.context);
   std::string first_error;
   // As cudaFree does: nothing queued on the device may still touch the pages.
-  try {
-    check(driver_.cuCtxSynchronize(), "cuCtxSynchronize", slot->describe());
-  } catch (const Error& e) {
-    first_error = e.what();
+  if (!device_idle_for_it) {
+    try {
+      check(driver_.cuCtxSynchronize(), "cuCtxSynchronize", slot->describe());
+    } catch (const Error& e) {
+      first_error = e.what();
+    }
   }
   PageTimes times;
   for (CUmemGenericAllocationHandle handle : {slot->handle, remap_handle}) {

@@ -178,7 +178,10 @@ class Engine {
   // `report` false: a failure is thrown without going to the log and the error count.
   Slot* create_slot(int device, size_t bytes, bool intercepted = false, bool backed = true,
                     bool report = true);
-  void destroy_slot(Slot* slot);
+  // Waits for the device (cuCtxSynchronize, as cudaFree does) before the pages go, unless
+  // `device_idle_for_it` says nothing queued can touch them (the caller synchronized the one
+  // stream that used them: a context-wide wait also waits for streams parked on a restore).
+  void destroy_slot(Slot* slot, bool device_idle_for_it = false);
   vaswap_slot_info info(Slot* slot);
   void unmap_and_release(Slot* slot);
   void create_and_remap(Slot* slot);

@@ -20,6 +20,7 @@
 
 #include "../sim/tests/sim_test.h"
 #include "base/trace.h"
+#include "plan/copy_test.h"
 #include "plan/residency.h"
 #include "slots/engine.h"
 
@@ -933,6 +934,35 @@ TEST_F(ResidencyTest, ARestoreAfterAHostPathEvictionDoesNotGoAhead) {
         << ")";
     expect_holds(a, 32);
   });
+}
+
+// The copy test (the planner's, before a device's first plan) runs while one of the program's
+// streams is parked on the device (here on a flag written 1.5 s later). It waits for its own stream
+// only: a context-wide synchronize at its end would wait for the parked stream, and under the
+// device handshake that stream may wait for a restore that needs the very pages the test holds
+// (the fault matrix's demo hung so under load, until the watchdog ended it).
+TEST_F(ResidencyTest, TheCopyTestDoesNotWaitForAParkedStream) {
+  uint32_t* flag = nullptr;
+  ASSERT_CU(cuMemHostAlloc(reinterpret_cast<void**>(&flag), 64, CU_MEMHOSTALLOC_PORTABLE));
+  __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
+  CUdeviceptr address = 0;
+  ASSERT_CU(cuMemHostGetDevicePointer(&address, flag, 0));
+  ASSERT_CU(cuStreamWaitValue32(stream_, address, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  std::thread writer([flag] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const plan::Model model = planner::copy_test(0, plan::Model{1, 1, 1, "given"});
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  writer.join();
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  ASSERT_CU(cuMemFreeHost(flag));
+  EXPECT_LT(waited_ms, 1000.0) << "the copy test waited for the parked stream";
+  EXPECT_EQ(model.source, "measured");
+  EXPECT_GT(model.h2d_gbps, 0.0);
+  EXPECT_GT(model.d2h_gbps, 0.0);
 }
 
 // The device handshake: a slot freed while a stream waits for its restore, still queued behind
