@@ -239,7 +239,7 @@ const Key kSchema[] = {
    "Steps observed before the first plan.",
    [](Policy& p, const std::string& v) { return parse_int(v, 1, 1000, &p.learning_steps); },
    [](const Policy& p) { return std::to_string(p.learning_steps); }},
-  {"schedule.prefetch_distance", "integer 0..1000", "an integer from 0 to 1000", "1",
+  {"schedule.prefetch_distance", "integer 0..1000", "an integer from 0 to 1000", "2",
    "Launches ahead of its next use that a region's restore is started, at least: further "
    "ahead when the model says its map and copy need longer.",
    [](Policy& p, const std::string& v) { return parse_int(v, 0, 1000, &p.prefetch_distance); },

@@ -102,7 +102,7 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_TRUE(p.include.empty());
   EXPECT_TRUE(p.exclude.empty());
   EXPECT_EQ(p.learning_steps, 3);
-  EXPECT_EQ(p.prefetch_distance, 1);
+  EXPECT_EQ(p.prefetch_distance, 2);
   EXPECT_EQ(p.release_lag, 0);
   EXPECT_EQ(p.model, Model::measured);
   EXPECT_EQ(p.remap_latency_ns, 600000u);
@@ -128,7 +128,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   const Policy p = from_conf(
       "mode=off,on_error=passthrough,selection.min_bytes=64MiB,selection.captured_only=false,"
       "selection.device=1,selection.include=libtorch*;*forward*,selection.exclude=libnccl*,"
-      "schedule.learning_steps=5,schedule.prefetch_distance=2,schedule.release_lag=1,"
+      "schedule.learning_steps=5,schedule.prefetch_distance=3,schedule.release_lag=1,"
       "schedule.model=given,schedule.h2d_gbps=50.5,schedule.d2h_gbps=48,"
       "schedule.remap_latency=250us,residency.budget=8GiB,residency.reserve=1GiB,"
       "residency.handshake=host,residency.wait_limit=5s,"
@@ -143,7 +143,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_EQ(p.include, (std::vector<std::string>{"libtorch*", "*forward*"}));
   EXPECT_EQ(p.exclude, (std::vector<std::string>{"libnccl*"}));
   EXPECT_EQ(p.learning_steps, 5);
-  EXPECT_EQ(p.prefetch_distance, 2);
+  EXPECT_EQ(p.prefetch_distance, 3);
   EXPECT_EQ(p.release_lag, 1);
   EXPECT_EQ(p.model, Model::given);
   EXPECT_DOUBLE_EQ(p.h2d_gbps, 50.5);
