@@ -87,19 +87,26 @@ class Chooser {
     w.last_use = u;
     w.next_use = v % n;
     const int release = u + 1 + knobs_.release_lag;
-    // Restore at least prefetch_distance launches ahead, and further while the positions in
-    // between are shorter than the model's map and copy (with margins).
+    // Under a budget a restore maps into pages a release gives back, at the latest one issued at
+    // the restore's own position: that release's D2H starts there and its unmap follows it. So
+    // the restore is issued at least prefetch_distance launches ahead, and further while the
+    // positions in between are shorter than the room's copy and unmap, its own map and its own
+    // copy (the model's times, with margins; a release of the same size stands for the room).
+    // Then further still while its copy, placed on the link behind those already booked, would
+    // end after the use: the earliest position that hides it, else the one that shows least.
+    // Never at the release's own position: a window too short for its lead keeps the slot away
+    // one position, and the model says how much of its restore shows.
+    const double half_remap = kRemapMargin * model_.remap_us / 2;
+    const double room_us = kCopyMargin * model_.d2h_us(c.bytes) + half_remap;
     int restore = v - knobs_.prefetch_distance;
-    const double lead_us =
-        kRemapMargin * model_.remap_us / 2 + kCopyMargin * model_.h2d_us(c.bytes);
-    while (restore - 1 >= release && time_of(v) - time_of(restore) < lead_us) --restore;
+    const double lead_us = room_us + half_remap + kCopyMargin * model_.h2d_us(c.bytes);
+    while (restore - 1 > release && time_of(v) - time_of(restore) < lead_us) --restore;
     w.release_at = release % n;
     w.restore_at = ((restore % n) + n) % n;
     if (release > restore || restore <= u) {
       w.freed_us = -1;
       return c;
     }
-    const double half_remap = kRemapMargin * model_.remap_us / 2;
     const double t_release = time_of(release);
     const double d2h = kCopyMargin * model_.d2h_us(c.bytes);
     const double d2h_start = d2h_.place(t_release, d2h);
@@ -108,22 +115,40 @@ class Chooser {
       return c;
     }
     const double released = d2h_start + d2h + half_remap;
-    const double map_start = std::max(time_of(restore), released);
-    const double mapped = map_start + half_remap;
     const double h2d = kCopyMargin * model_.h2d_us(c.bytes);
     const double need = time_of(v);
-    double h2d_start = h2d_.place(std::max(mapped, time_of(restore)), h2d);
-    // No room on the link in the period: the restore runs on demand, when the slot is needed, and
-    // all of its copy is exposed.
-    c.h2d_booked = h2d_start != kNever;
-    if (!c.h2d_booked) h2d_start = std::max(mapped, need);
+    // The restore issued at `at`: when its pages are mapped, and where its copy starts (kNever:
+    // no room on the link in the period).
+    struct Restore {
+      int at = 0;
+      double mapped = 0, h2d_start = kNever, exposed = kNever;
+    };
+    auto issued_at = [&](int at) {
+      Restore r;
+      r.at = at;
+      r.mapped = std::max(time_of(at) + room_us, released) + half_remap;
+      r.h2d_start = h2d_.place(std::max(r.mapped, time_of(at)), h2d);
+      // No room on the link: the restore runs on demand, when the slot is needed, and all of its
+      // copy is exposed.
+      const double start = r.h2d_start != kNever ? r.h2d_start : std::max(r.mapped, need);
+      r.exposed = std::max(0.0, start + h2d - need);
+      return r;
+    };
+    Restore chosen = issued_at(restore);
+    for (int at = restore - 1; chosen.exposed > 0 && at > release; --at) {
+      const Restore earlier = issued_at(at);
+      if (earlier.exposed < chosen.exposed) chosen = earlier;
+    }
+    w.restore_at = ((chosen.at % n) + n) % n;
+    c.h2d_booked = chosen.h2d_start != kNever;
+    const double h2d_start = c.h2d_booked ? chosen.h2d_start : std::max(chosen.mapped, need);
     w.gap_us = need - t_release;
     w.d2h_us = d2h_start + d2h - t_release;
-    w.h2d_us = h2d_start + h2d - mapped;
-    w.freed_us = mapped - released;
-    w.exposed_us = std::max(0.0, h2d_start + h2d - need);
+    w.h2d_us = h2d_start + h2d - chosen.mapped;
+    w.freed_us = chosen.mapped - released;
+    w.exposed_us = chosen.exposed;
     c.away_from = released;
-    c.away_to = mapped;
+    c.away_to = chosen.mapped;
     c.benefit = static_cast<double>(c.pages) * std::max(0.0, w.freed_us);
     c.d2h_start = d2h_start;
     c.h2d_start = h2d_start;

@@ -7,9 +7,12 @@
 //
 // For each region and each window between two consecutive uses u and v, the release is issued
 // just before the launch u + 1 + release_lag and its D2H follows the work before it; the restore
-// is issued just before the launch v - prefetch_distance (earlier when its map and copy need
-// longer) and the stream waits for it before the launch v. Copies are placed on links that carry
-// one copy at a time in each direction, with the measured times of the positions in between.
+// is issued just before the launch v - prefetch_distance, earlier when the positions in between
+// are shorter than what it waits for (the release that makes its room, its D2H and unmap; its
+// own map and its own copy), and earlier still while its copy, behind those already on the link,
+// would land after v begins. The stream waits for it before the launch v. Copies are placed on
+// links that carry one copy at a time in each direction, with the measured times of the
+// positions in between.
 //
 // What must leave is what the residency budget says: a period whose slots fit takes no window.
 // Otherwise windows are taken, those the link hides first and the most pages away for the

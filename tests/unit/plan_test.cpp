@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -113,11 +114,10 @@ TEST(Choose, WindowsTheLinkCannotHideAreTakenWhenTheBudgetNeedsThem) {
   ASSERT_FALSE(plan.windows.empty());
   EXPECT_GT(plan.exposed_us, 0.0);
   EXPECT_FALSE(plan.reason.empty());
-  bool region1_away_at_0 = false;
   for (const Window& w : plan.windows) {
-    if (w.region == 1) region1_away_at_0 = true;
+    EXPECT_GT(w.exposed_us, 0.0) << "region " << w.region << " at " << w.last_use;
+    EXPECT_GT(w.freed_us, 0.0) << "region " << w.region << " at " << w.last_use;
   }
-  EXPECT_TRUE(region1_away_at_0) << "region 0 needs the room at position 0";
 }
 
 TEST(Choose, ACopyTheLinkHasNoRoomForIsExposedWholeNotInfinite) {
@@ -142,7 +142,7 @@ TEST(Choose, ACopyTheLinkHasNoRoomForIsExposedWholeNotInfinite) {
   ASSERT_GE(some.windows.size(), 2u) << some.reason;
   EXPECT_TRUE(std::isfinite(some.exposed_us)) << some.exposed_us;
   const double one_copy_us = 1.25 * (64.0 * kMiB) / 2e3;
-  EXPECT_GE(some.exposed_us, one_copy_us) << some.reason;
+  EXPECT_GE(some.exposed_us, one_copy_us - 1e-6) << some.reason;  // rounding only
   for (const Window& w : some.windows) EXPECT_TRUE(std::isfinite(w.exposed_us)) << w.region;
 }
 
@@ -167,6 +167,60 @@ TEST(Choose, ReleaseLagAndPrefetchDistanceMoveTheActions) {
   EXPECT_EQ(w.last_use, 0);
   EXPECT_EQ(w.release_at, 3);
   EXPECT_EQ(w.restore_at, 6);
+}
+
+TEST(Choose, ARestoreIsIssuedAheadOfTheReleaseThatMakesItsRoom) {
+  // A 64 MiB region used at 0 and 9 of ten 1 ms launches, a 50 GB/s link, 100 us per remap. Its
+  // copy takes 1.68 ms each way with the margin, a map or an unmap 150 us. Under a budget the
+  // restore's pages come from a release at its own position at the latest: that release's D2H
+  // and unmap, then the map and the copy, 3.66 ms in all. Its own map and copy alone (1.83 ms)
+  // would put it at 7; with the room it is issued at 5, and the model still hides it.
+  const Period p = evenly(10, 1000, {{0}, {}, {}, {}, {}, {}, {}, {}, {}, {0}}, {64 * kMiB});
+  Knobs knobs = budget(32 * kMiB);
+  knobs.prefetch_distance = 1;
+  const Plan plan = choose(p, link(50, 100), knobs);
+  ASSERT_EQ(plan.windows.size(), 1u) << plan.reason;
+  const Window& w = plan.windows.front();
+  EXPECT_EQ(w.last_use, 0);
+  EXPECT_EQ(w.next_use, 9);
+  EXPECT_EQ(w.release_at, 1);
+  EXPECT_EQ(w.restore_at, 5);
+  EXPECT_DOUBLE_EQ(w.exposed_us, 0.0);
+  // Uses three launches apart, 3 ms where the restore needs 3.66: it cannot be issued far enough
+  // ahead. It is issued the launch after the release, the slot is away for that launch, and the
+  // model says how much of its copy shows.
+  const Period tight = evenly(4, 1000, {{0}, {}, {}, {0}}, {64 * kMiB});
+  const Plan late = choose(tight, link(50, 100), knobs);
+  ASSERT_FALSE(late.windows.empty()) << late.reason;
+  const Window& short_one = late.windows.front();
+  EXPECT_EQ(short_one.last_use, 0);
+  EXPECT_EQ(short_one.release_at, 1);
+  EXPECT_EQ(short_one.restore_at, 2);
+  EXPECT_GT(short_one.exposed_us, 0.0);
+}
+
+TEST(Choose, RestoresForOneUseAreIssuedApartSoTheLinkHidesEach) {
+  // Three 128 MiB regions used at 0 and 15 of sixteen 4 ms launches, all released at 1. Each
+  // restore needs 7 ms (the room's D2H and unmap, its map, its 3.36 ms copy): issued at 13 alone.
+  // Three copies issued there would queue on the link and the last two would land after the use;
+  // each is issued as early as its place on the link needs instead, and none shows.
+  const Period p = evenly(
+      16, 4000, {{0, 1, 2}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 1, 2}},
+      {128 * kMiB, 128 * kMiB, 128 * kMiB});
+  Knobs knobs = budget(64 * kMiB);
+  knobs.prefetch_distance = 2;
+  const Plan plan = choose(p, link(50, 100), knobs);
+  std::vector<int> restores;
+  for (const Window& w : plan.windows) {
+    if (w.last_use != 0) continue;
+    EXPECT_EQ(w.release_at, 1);
+    EXPECT_DOUBLE_EQ(w.exposed_us, 0.0) << "region " << w.region << " restored at " << w.restore_at;
+    restores.push_back(w.restore_at);
+  }
+  ASSERT_EQ(restores.size(), 3u) << plan.reason;
+  std::sort(restores.begin(), restores.end());
+  EXPECT_EQ(restores, (std::vector<int>{11, 12, 13}));
+  EXPECT_DOUBLE_EQ(plan.exposed_us, 0.0) << plan.reason;
 }
 
 TEST(Choose, UnusedRegionsAreNeverOffloaded) {
