@@ -879,12 +879,21 @@ inline void copy_addresses(const CUDA_MEMCPY3D& p, uintptr_t out[2]) {
   out[0] = p.dstMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.dstHost) : address_of(p.dstDevice);
   out[1] = p.srcMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.srcHost) : address_of(p.srcDevice);
 }
+inline void copy_addresses(const CUDA_MEMCPY3D_PEER& p, uintptr_t out[2]) {
+  out[0] = p.dstMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.dstHost) : address_of(p.dstDevice);
+  out[1] = p.srcMemoryType == CU_MEMORYTYPE_HOST ? address_of(p.srcHost) : address_of(p.srcDevice);
+}
 inline void copy_addresses(const cudaMemcpy3DParms& p, uintptr_t out[2]) {
   out[0] = address_of(p.dstPtr.ptr);
   out[1] = address_of(p.srcPtr.ptr);
 }
+inline void copy_addresses(const cudaMemcpy3DPeerParms& p, uintptr_t out[2]) {
+  out[0] = address_of(p.dstPtr.ptr);
+  out[1] = address_of(p.srcPtr.ptr);
+}
 
-// cuMemcpy2D*/cuMemcpy3D*/cudaMemcpy3D*: (params, [stream]).
+// cuMemcpy2D*/cuMemcpy3D*[Peer]/cudaMemcpy3D*[Peer]: (params, [stream]). A peer copy's two
+// sides may be slots of two devices: each comes back on its own.
 template <class Fn>
 struct CopyParams;
 template <class R, class P, class... Rest>

@@ -8,6 +8,8 @@
 // as PyTorch replays its graphs on the current stream; captures stay on each thread's own stream.
 // --copy2d: the result is read back with cudaMemcpy2DAsync (rows of 4 KiB), after a
 // cudaMemset2DAsync clears it, instead of with cudaMemcpyAsync.
+// --copy3dpeer: the result is first copied into the round's second buffer with
+// cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
 // Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
 // round holds its expected value; otherwise names the thread, round, element and values and
@@ -41,6 +43,7 @@ namespace {
 std::atomic<int> g_failed{0};
 bool g_legacy = false;
 bool g_copy2d = false;
+bool g_copy3d_peer = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -103,8 +106,19 @@ void work(int thread, int rounds, uint64_t* checksum) {
       CHECK(rc);
       if (k % 2 == 1) std::this_thread::yield();
     }
-    if (g_copy2d) {
-      constexpr size_t kRow = 4096, kRows = kElems * sizeof(uint32_t) / kRow;
+    constexpr size_t kRow = 4096, kRows = kElems * sizeof(uint32_t) / kRow;
+    if (g_copy3d_peer) {
+      int device = 0;
+      CHECK(cudaGetDevice(&device));
+      cudaMemcpy3DPeerParms p{};
+      p.srcPtr = cudaPitchedPtr{c, kRow, kRow, kRows};
+      p.srcDevice = device;
+      p.dstPtr = cudaPitchedPtr{b, kRow, kRow, kRows};  // b is read no more this round
+      p.dstDevice = device;
+      p.extent = cudaExtent{kRow, kRows, 1};
+      CHECK(cudaMemcpy3DPeerAsync(&p, s));
+      CHECK(cudaMemcpyAsync(host.data(), b, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    } else if (g_copy2d) {
       CHECK(cudaMemcpy2DAsync(host.data(), kRow, c, kRow, kRow, kRows, cudaMemcpyDeviceToHost, s));
       CHECK(cudaMemset2DAsync(b, kRow, 0, kRow, kRows, s));  // b is read no more this round
     } else {
@@ -134,21 +148,25 @@ void work(int thread, int rounds, uint64_t* checksum) {
 
 int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
+  const char* usage =
+      "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer]\n";
   for (int i = 1; i < argc; i += 2) {
-    if (std::strcmp(argv[i], "--legacy") == 0 || std::strcmp(argv[i], "--copy2d") == 0) {
-      (argv[i][2] == 'l' ? g_legacy : g_copy2d) = true;
+    bool* flag = std::strcmp(argv[i], "--legacy") == 0       ? &g_legacy
+                 : std::strcmp(argv[i], "--copy2d") == 0     ? &g_copy2d
+                 : std::strcmp(argv[i], "--copy3dpeer") == 0 ? &g_copy3d_peer
+                                                             : nullptr;
+    if (flag != nullptr) {
+      *flag = true;
       --i;
     } else if (i + 1 >= argc) {
-      std::fprintf(stderr,
-                   "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d]\n");
+      std::fputs(usage, stderr);
       return 2;
     } else if (std::strcmp(argv[i], "--threads") == 0) {
       threads = std::atoi(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--rounds") == 0) {
       rounds = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr,
-                   "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d]\n");
+      std::fputs(usage, stderr);
       return 2;
     }
   }

@@ -15,6 +15,8 @@
 #      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
+#   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
+#      that are away are restored first too (before its hook, the copy read unmapped pages).
 # The TSan build (scripts/test.sh tsan) runs this same script.
 # Usage: stress_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -77,4 +79,15 @@ assert {"cudaMemcpy2DAsync", "cudaMemset2DAsync"} <= seen, seen
 waited = [e for e in ev if e["ev"] == "restore_wait" and e["call"] in ("cudaMemcpy2DAsync", "cudaMemset2DAsync")]
 assert waited, "no 2D copy or memset found a slot away"
 print(f"     {len(waited)} 2D copies and memsets waited for their slots")
+PY
+under copy3dpeer 12MiB 8 --copy3dpeer
+evictions copy3dpeer 8
+python3 - "$tmp/copy3dpeer.jsonl" <<'PY' || fail "copy3dpeer"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+seen = {e["call"] for e in ev if e["ev"] == "eager"}
+assert "cudaMemcpy3DPeerAsync" in seen, seen
+waited = [e for e in ev if e["ev"] == "restore_wait" and e["call"] == "cudaMemcpy3DPeerAsync"]
+assert waited, "no 3D peer copy found a slot away"
+print(f"     {len(waited)} 3D peer copies waited for their slots")
 PY

@@ -793,6 +793,47 @@ CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) {
   SIM_TRY(copy3d_async(from_2d(*p), nullptr));
   return sync_or_query(nullptr, true);
 }
+// 3D peer copies: as cuMemcpy3D, the contexts aside (every device is host memory here).
+static CUDA_MEMCPY3D from_peer(const CUDA_MEMCPY3D_PEER& p) {
+  CUDA_MEMCPY3D c{};
+  c.srcXInBytes = p.srcXInBytes;
+  c.srcY = p.srcY;
+  c.srcZ = p.srcZ;
+  c.srcLOD = p.srcLOD;
+  c.srcMemoryType = p.srcMemoryType;
+  c.srcHost = p.srcHost;
+  c.srcDevice = p.srcDevice;
+  c.srcArray = p.srcArray;
+  c.srcPitch = p.srcPitch;
+  c.srcHeight = p.srcHeight;
+  c.dstXInBytes = p.dstXInBytes;
+  c.dstY = p.dstY;
+  c.dstZ = p.dstZ;
+  c.dstLOD = p.dstLOD;
+  c.dstMemoryType = p.dstMemoryType;
+  c.dstHost = p.dstHost;
+  c.dstDevice = p.dstDevice;
+  c.dstArray = p.dstArray;
+  c.dstPitch = p.dstPitch;
+  c.dstHeight = p.dstHeight;
+  c.WidthInBytes = p.WidthInBytes;
+  c.Height = p.Height;
+  c.Depth = p.Depth;
+  return c;
+}
+CUresult CUDAAPI cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream hs) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return copy3d_async(from_peer(*p), hs);
+}
+CUresult CUDAAPI cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* p) {
+  SIM_ENTER();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(from_peer(*p), nullptr));
+  return sync_or_query(nullptr, true);
+}
+
 // Peer copies: every device is host memory here, so a peer copy is a device-to-device copy.
 CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext, CUdeviceptr src, CUcontext,
                                    size_t bytes, CUstream hs) {

@@ -50,6 +50,9 @@ SIM_PER_THREAD(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D
 SIM_PER_THREAD(cuMemcpy3D_v2_ptds, cuMemcpy3D_v2, (const CUDA_MEMCPY3D* p), (p))
 SIM_PER_THREAD(cuMemcpy3DAsync_v2_ptsz, cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D* p, CUstream h),
                (p, h))
+SIM_PER_THREAD(cuMemcpy3DPeer_ptds, cuMemcpy3DPeer, (const CUDA_MEMCPY3D_PEER* p), (p))
+SIM_PER_THREAD(cuMemcpy3DPeerAsync_ptsz, cuMemcpy3DPeerAsync,
+               (const CUDA_MEMCPY3D_PEER* p, CUstream h), (p, h))
 SIM_PER_THREAD(cuMemcpyPeer_ptds, cuMemcpyPeer,
                (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n),
                (d, dc, s, sc, n))
@@ -220,6 +223,8 @@ const Entry kEntries[] = {
     EP("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz),
     EP("cuMemcpy3D", 3020, cuMemcpy3D_v2, cuMemcpy3D_v2_ptds),
     EP("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz),
+    EP("cuMemcpy3DPeer", 4000, cuMemcpy3DPeer, cuMemcpy3DPeer_ptds),
+    EP("cuMemcpy3DPeerAsync", 4000, cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync_ptsz),
     EP("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds),
     EP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz),
     E("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_sim_v1),

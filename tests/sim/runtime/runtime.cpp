@@ -79,7 +79,7 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)               \
   X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
   X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync) X(cuDeviceCanAccessPeer)          \
-  X(cuCtxEnablePeerAccess)
+  X(cuCtxEnablePeerAccess) X(cuMemcpy3DPeer) X(cuMemcpy3DPeerAsync)
 // clang-format on
 
 struct Driver {
@@ -602,6 +602,46 @@ SIM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, si
   return note(drv().cuMemcpyPeerAsync(dptr(dst), context, dptr(src), context, bytes, cu(s)));
 }
 
+// A 3D peer copy between pitched device pointers, as the driver's CUDA_MEMCPY3D_PEER (no arrays
+// on the simulated device).
+static CUresult copy_3d_peer(const cudaMemcpy3DPeerParms* p, cudaStream_t s, bool async) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (p->srcArray != nullptr || p->dstArray != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUcontext context = nullptr;
+  drv().cuCtxGetCurrent(&context);
+  CUDA_MEMCPY3D_PEER c{};
+  c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.srcDevice = dptr(p->srcPtr.ptr);
+  c.srcContext = context;
+  c.srcXInBytes = p->srcPos.x;
+  c.srcY = p->srcPos.y;
+  c.srcZ = p->srcPos.z;
+  c.srcPitch = p->srcPtr.pitch;
+  c.srcHeight = p->srcPtr.ysize;
+  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.dstDevice = dptr(p->dstPtr.ptr);
+  c.dstContext = context;
+  c.dstXInBytes = p->dstPos.x;
+  c.dstY = p->dstPos.y;
+  c.dstZ = p->dstPos.z;
+  c.dstPitch = p->dstPtr.pitch;
+  c.dstHeight = p->dstPtr.ysize;
+  c.WidthInBytes = p->extent.width;
+  c.Height = p->extent.height;
+  c.Depth = p->extent.depth;
+  return async ? drv().cuMemcpy3DPeerAsync(&c, cu(s)) : drv().cuMemcpy3DPeer(&c);
+}
+
+SIM_API cudaError_t cudaMemcpy3DPeer(const cudaMemcpy3DPeerParms* p) {
+  RT_ENTER();
+  return note(copy_3d_peer(p, nullptr, false));
+}
+
+SIM_API cudaError_t cudaMemcpy3DPeerAsync(const cudaMemcpy3DPeerParms* p, cudaStream_t s) {
+  RT_ENTER();
+  return note(copy_3d_peer(p, s, true));
+}
+
 SIM_API cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
   RT_ENTER();
   return note(drv().cuMemsetD8(dptr(ptr), static_cast<unsigned char>(value), bytes));
@@ -914,6 +954,13 @@ SIM_API cudaError_t cudaMemcpy2D_ptds(void* d, size_t dp, const void* s, size_t 
 SIM_API cudaError_t cudaMemcpy2DAsync_ptsz(void* d, size_t dp, const void* s, size_t sp, size_t w,
                                            size_t h, cudaMemcpyKind k, cudaStream_t st) {
   return cudaMemcpy2DAsync(d, dp, s, sp, w, h, k, per_thread(st));
+}
+SIM_API cudaError_t cudaMemcpy3DPeer_ptds(const cudaMemcpy3DPeerParms* p) {
+  if (cudaError_t e = cudaMemcpy3DPeerAsync(p, cudaStreamPerThread)) return e;
+  return cudaStreamSynchronize(cudaStreamPerThread);
+}
+SIM_API cudaError_t cudaMemcpy3DPeerAsync_ptsz(const cudaMemcpy3DPeerParms* p, cudaStream_t st) {
+  return cudaMemcpy3DPeerAsync(p, per_thread(st));
 }
 SIM_API cudaError_t cudaMemset2D_ptds(void* p, size_t pitch, int v, size_t w, size_t h) {
   if (cudaError_t e = cudaMemset2DAsync(p, pitch, v, w, h, cudaStreamPerThread)) return e;

@@ -232,8 +232,8 @@ TEST_F(AllocTest, InjectedFaultCanUseAnyErrorCode) {
 }
 
 // 2D copies and memsets move the rows their pitches say, and no byte between rows; 16-bit memsets
-// and peer copies move what they name; a 2D copy into a reservation without pages is refused
-// when it is enqueued, as on the H200.
+// and peer copies (linear and 3D) move what they name; a 2D or 3D peer copy from a reservation
+// without pages is refused when it is enqueued, as on the H200.
 TEST_F(VmmTest, PitchedCopiesAndMemsetsMoveTheirRows) {
   constexpr size_t kPitch = 64, kWidth = 16, kRows = 4;
   CUdeviceptr dev = 0, other = 0;
@@ -266,11 +266,37 @@ TEST_F(VmmTest, PitchedCopiesAndMemsetsMoveTheirRows) {
   ASSERT_CU(cuMemcpyDtoH(words, other, 4));
   EXPECT_EQ(0x2233, words[0]);
   EXPECT_EQ(0x2233, words[1]);
+  // A 3D peer copy: rows 1..2 of dev (its second word on) into other at pitch kWidth.
+  ASSERT_CU(cuMemsetD8(other, 0, kPitch * kRows));
+  CUDA_MEMCPY3D_PEER peer{};
+  peer.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  peer.srcDevice = dev;
+  peer.srcXInBytes = 4;
+  peer.srcY = 1;
+  peer.srcPitch = kPitch;
+  peer.srcHeight = kRows;
+  peer.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  peer.dstDevice = other;
+  peer.dstPitch = kWidth;
+  peer.dstHeight = 2;
+  peer.WidthInBytes = kWidth - 4;
+  peer.Height = 2;
+  peer.Depth = 1;
+  ASSERT_CU(cuMemcpy3DPeer(&peer));
+  std::vector<uint8_t> rows(kWidth * 2, 0);
+  ASSERT_CU(cuMemcpyDtoH(rows.data(), other, rows.size()));
+  const uint8_t word[4] = {0x01, 0xef, 0xcd, 0xab};  // 0xabcdef01, little-endian
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t x = i % kWidth;  // each row's last 4 bytes are not copied
+    EXPECT_EQ(x < kWidth - 4 ? word[x % 4] : 0, rows[i]) << i;
+  }
 
   ManualSlot slot;
   slot.reserve(kGran);
   c.srcDevice = slot.va;
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy2D(&c));
+  peer.srcDevice = slot.va;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DPeerAsync(&peer, nullptr));
   ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
   ASSERT_CU(cuMemFree(dev));
   ASSERT_CU(cuMemFree(other));

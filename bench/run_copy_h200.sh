@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Eager copies that name slots, on the H200: the stress probe (tests/integration/stress_probe.cu,
+# four threads, three 1 MiB buffers each, eight rounds) built with nvcc, its cudart linked
+# statically (stress_probe_cuda: the copies reach vaswap's driver hooks) and dynamically
+# (stress_probe_shared_cuda: its runtime hooks), reading each round's result back through
+# cudaMemcpy2DAsync (--copy2d) or through cudaMemcpy3DPeerAsync into another buffer
+# (--copy3dpeer). Under vaswap every buffer is a slot and the budget holds fewer than the four
+# threads use, so slots are away when the copies name them. Each probe and mode runs once without
+# vaswap (the checksum to match), then under each library given.
+# Usage: bash bench/run_copy_h200.sh [LIBRARY...]   (default build/gpu/lib/libvaswap.so)
+# Writes $OUT (else bench/results)/copy_h200.md: per run, the exit status, whether the checksum
+# matches, the copies that waited for their slots (restore_wait events) and the first error line.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/bench/results}
+mkdir -p "$out"
+libs=("$@")
+[[ ${#libs[@]} -gt 0 ]] || libs=(build/gpu/lib/libvaswap.so)
+conf="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=12MiB,residency.wait_limit=30s"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+md=$out/copy_h200.md
+{
+  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+  echo "# command: bash bench/run_copy_h200.sh ${libs[*]}   (VASWAP_CONF=$conf)"
+  echo
+  echo "| probe | mode | library | exit | checksum | copies that waited for their slots | first error |"
+  echo "|---|---|---|---:|---|---:|---|"
+} >"$md"
+for probe in stress_probe_cuda stress_probe_shared_cuda; do
+  for mode in --copy2d --copy3dpeer; do
+    want=$(timeout 120 "build/gpu/bin/$probe" --threads 4 --rounds 8 "$mode" 2>"$tmp/err")
+    for lib in "${libs[@]}"; do
+      got=$(VASWAP_CONF=$conf timeout 300 scripts/vaswap run --library "$lib" --trace "$tmp/t.jsonl" -- \
+        "build/gpu/bin/$probe" --threads 4 --rounds 8 "$mode" 2>"$tmp/err")
+      rc=$?
+      same=differs
+      [[ -n "$want" && "$got" == "$want" ]] && same=matches
+      key=Memcpy2D  # the runtime's call or the driver's, by its name
+      [[ $mode == --copy3dpeer ]] && key=Memcpy3DPeer
+      waited=$(python3 -c 'import json,sys
+ev=[json.loads(line) for line in open(sys.argv[1])]
+print(sum(1 for e in ev if e["ev"]=="restore_wait" and sys.argv[2] in e["call"]))' \
+        "$tmp/t.jsonl" "$key" 2>/dev/null || echo "-")
+      error=$(grep -m1 -iE "failed|error" "$tmp/err" | cut -c1-160 | tr '|' '/')
+      echo "| $probe | $mode | $lib | $rc | $same | $waited | ${error:--} |" >>"$md"
+    done
+  done
+done
+cat "$md"
