@@ -8,8 +8,10 @@
 # threads use, so slots are away when the copies name them. Each probe and mode runs once without
 # vaswap (the checksum to match), then under each library given.
 # Usage: bash bench/run_copy_h200.sh [LIBRARY...]   (default build/gpu/lib/libvaswap.so)
+# Environment: BUDGET (12MiB), WAIT_LIMIT (30s).
 # Writes $OUT (else bench/results)/copy_h200.md: per run, the exit status, whether the checksum
-# matches, the copies that waited for their slots (restore_wait events) and the first error line.
+# matches, the copies that waited for their slots (restore_wait events) and the first error line;
+# and copy_h200_failed.tar.gz: the trace and stderr of each run that did not exit 0.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -17,9 +19,11 @@ out=${OUT:-$root/bench/results}
 mkdir -p "$out"
 libs=("$@")
 [[ ${#libs[@]} -gt 0 ]] || libs=(build/gpu/lib/libvaswap.so)
-conf="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=12MiB,residency.wait_limit=30s"
+conf="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=${BUDGET:-12MiB},residency.wait_limit=${WAIT_LIMIT:-30s}${EXTRA_CONF:+,$EXTRA_CONF}"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/failed"
+trap 'if [[ -n "$(ls -A "$tmp/failed")" ]]; then tar -C "$tmp/failed" -czf "$out/copy_h200_failed.tar.gz" .; fi; rm -rf "$tmp"' EXIT
+run=0
 md=$out/copy_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
@@ -32,9 +36,15 @@ for probe in stress_probe_cuda stress_probe_shared_cuda; do
   for mode in --copy2d --copy3dpeer; do
     want=$(timeout 120 "build/gpu/bin/$probe" --threads 4 --rounds 8 "$mode" 2>"$tmp/err")
     for lib in "${libs[@]}"; do
+      run=$((run + 1))
+      rm -f "$tmp/t.jsonl"
       got=$(VASWAP_CONF=$conf timeout 300 scripts/vaswap run --library "$lib" --trace "$tmp/t.jsonl" -- \
         "build/gpu/bin/$probe" --threads 4 --rounds 8 "$mode" 2>"$tmp/err")
       rc=$?
+      if [[ $rc -ne 0 ]]; then
+        cp "$tmp/t.jsonl" "$tmp/failed/run$run.jsonl" 2>/dev/null
+        cp "$tmp/err" "$tmp/failed/run$run.err"
+      fi
       same=differs
       [[ -n "$want" && "$got" == "$want" ]] && same=matches
       key=Memcpy2D  # the runtime's call or the driver's, by its name
@@ -44,7 +54,7 @@ ev=[json.loads(line) for line in open(sys.argv[1])]
 print(sum(1 for e in ev if e["ev"]=="restore_wait" and sys.argv[2] in e["call"]))' \
         "$tmp/t.jsonl" "$key" 2>/dev/null || echo "-")
       error=$(grep -m1 -iE "failed|error" "$tmp/err" | cut -c1-160 | tr '|' '/')
-      echo "| $probe | $mode | $lib | $rc | $same | $waited | ${error:--} |" >>"$md"
+      echo "| $probe | $mode | $lib (run $run) | $rc | $same | $waited | ${error:--} |" >>"$md"
     done
   done
 done

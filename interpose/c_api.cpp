@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/capture_gate.h"
 #include "base/errors.h"
 #include "base/trace.h"
 #include "observe/intercept.h"
@@ -162,6 +163,15 @@ VASWAP_API vaswap_status vaswap_slot_destroy(vaswap_slot slot) {
                    "vaswap_slot_destroy: " + s->describe() +
                        " backs an allocation of the program (cudaMalloc/cuMemAlloc); the "
                        "program's cudaFree/cuMemFree of that pointer frees it");
+    }
+    // Destroying synchronizes the device, which would invalidate an open capture.
+    const vaswap::capture_gate::Exclusive gate;
+    if (!gate) {
+      vaswap::fail(VASWAP_ERROR_INVALID_STATE,
+                   "vaswap_slot_destroy: " + s->describe() +
+                       " cannot be destroyed while a stream capture is open in this process (its "
+                       "device-wide synchronize would invalidate the capture); destroy it after "
+                       "the capture ends");
     }
     e.destroy_slot(s);
   });

@@ -394,6 +394,8 @@ struct BeginCapture<R (*)(CUstream, M)> {
     const R rc = real(stream, mode);
     if (rc == R{}) {
       intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), nullptr);
+    } else {
+      intercept::capture_refused();
     }
     return rc;
   }
@@ -413,6 +415,8 @@ struct BeginCaptureToGraph<R (*)(CUstream, CUgraph, D, E, size_t, M)> {
     const R rc = real(stream, graph, dependencies, edges, count, mode);
     if (rc == R{}) {
       intercept::capture_began(call, stream, static_cast<CUstreamCaptureMode>(mode), graph);
+    } else {
+      intercept::capture_refused();
     }
     return rc;
   }

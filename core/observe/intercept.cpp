@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/capture_gate.h"
 #include "base/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
@@ -173,6 +174,9 @@ struct Tables {
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
   std::atomic<int> captures_open{0};  // live captures: copies and memsets into slots are checked
+  // Slots the program freed while a capture was open (guarded by mutex): destroyed once none is
+  // (core/base/capture_gate.h).
+  std::vector<Slot*> retired;
 };
 
 Tables& tables() {
@@ -532,6 +536,45 @@ void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
   }
 }
 
+// A slot the program freed: no graph, plan or residency keeps it, and its pages and address go
+// back (the caller holds the capture gate, or a device reset runs).
+CUresult destroy_slot(Tables& t, Slot* slot, const char* symbol) {
+  const uintptr_t va = slot->va;
+  forget_slot(t, slot);
+  try {
+    engine().destroy_slot(slot);
+  } catch (const Error& e) {
+    log().error("{} of {} failed: {}", symbol, hex(va), e.what());
+    return CUDA_ERROR_UNKNOWN;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Slots retired while a capture was open (of `device` only, when given): destroyed now if no
+// capture is open; else they wait for the next capture's end or free.
+void destroy_retired(Tables& t, std::optional<int> device) {
+  if (!device && capture_gate::open() > 0) return;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.retired.empty()) return;
+  }
+  capture_gate::Exclusive gate;
+  if (!gate && !device) return;  // a capture began meanwhile (a device reset goes on regardless)
+  std::vector<Slot*> now;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    for (auto it = t.retired.begin(); it != t.retired.end();) {
+      if (!device || (*it)->device == *device) {
+        now.push_back(*it);
+        it = t.retired.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Slot* slot : now) destroy_slot(t, slot, "a retired slot's teardown");
+}
+
 std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va) {
   Tables& t = tables();
   const std::optional<Region> region = t.registry.find(va);
@@ -539,22 +582,31 @@ std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va) {
   t.registry.erase(va);
   auto* slot = static_cast<Slot*>(region->slot);
   const uint64_t id = slot->id;
-  forget_slot(t, slot);
   CUresult result = CUDA_SUCCESS;
-  try {
-    engine().destroy_slot(slot);
-  } catch (const Error& e) {
-    log().error("{} of {} failed: {}", call.symbol, hex(va), e.what());
-    result = CUDA_ERROR_UNKNOWN;
+  bool deferred = false;
+  {
+    // Its teardown synchronizes the context, as cudaFree does; while a capture is open that would
+    // invalidate it (core/base/capture_gate.h). The slot is retired instead: its address is the
+    // program's no more, and it is destroyed once the last capture has ended.
+    capture_gate::Exclusive gate;
+    if (gate) {
+      result = destroy_slot(t, slot, call.symbol);
+    } else {
+      std::lock_guard<std::mutex> lock(t.mutex);
+      t.retired.push_back(slot);
+      deferred = true;
+    }
   }
+  if (!deferred) destroy_retired(t, std::nullopt);  // any a capture's end left behind
   t.frees.fetch_add(1, std::memory_order_relaxed);
   if (trace::enabled()) {
-    record(trace::Event::free, call)
-        .hex("va", va)
+    auto r = record(trace::Event::free, call);
+    r.hex("va", va)
         .add("bytes", static_cast<uint64_t>(region->bytes))
         .add("slot", id)
-        .add("ok", result == CUDA_SUCCESS)
-        .emit();
+        .add("ok", result == CUDA_SUCCESS);
+    if (deferred) r.add("deferred", true);
+    r.emit();
   }
   return result;
 }
@@ -574,9 +626,14 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream) {
 }
 
 void capture_beginning(const Call& call, CUstream stream) {
+  // Counted whether or not slots exist yet: a slot made during the capture and freed before its
+  // end must not be torn down meanwhile.
+  capture_gate::beginning();
   if (tables().slots.load(std::memory_order_relaxed) == 0) return;
   residency::capture_beginning(stream_of(call, stream));
 }
+
+void capture_refused() { capture_gate::closed(); }
 
 void stream_destroying(const Call& call, CUstream stream) {
   if (tables().slots.load(std::memory_order_relaxed) == 0 || stream == nullptr) return;
@@ -634,23 +691,27 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
       residency::capture_count(-1);
     }
   }
+  if (ended) capture_gate::closed();
   if (ended && result == CUDA_SUCCESS && graph != nullptr) {
     std::lock_guard<std::mutex> lock(t.mutex);
     t.graphs[graph] =
         GraphFacts{ended->tag.sequence, ended->ordinal, ended->allocations, ended->slots};
   }
-  if (!trace::enabled()) return;
-  auto r = record(trace::Event::capture_end, call);
-  r.hex("stream", stream_id(stream)).add("ok", result == CUDA_SUCCESS);
-  if (graph != nullptr) r.hex("graph", reinterpret_cast<uintptr_t>(graph));
-  if (ended) {
-    r.add("capture", ended->tag.sequence)
-        .add("allocations", ended->allocations)
-        .add("bytes", ended->bytes)
-        .add("slots", ended->slots)
-        .add("dur_us", trace::us_since(ended->begin_ns));
+  if (trace::enabled()) {
+    auto r = record(trace::Event::capture_end, call);
+    r.hex("stream", stream_id(stream)).add("ok", result == CUDA_SUCCESS);
+    if (graph != nullptr) r.hex("graph", reinterpret_cast<uintptr_t>(graph));
+    if (ended) {
+      r.add("capture", ended->tag.sequence)
+          .add("allocations", ended->allocations)
+          .add("bytes", ended->bytes)
+          .add("slots", ended->slots)
+          .add("dur_us", trace::us_since(ended->begin_ns));
+    }
+    r.emit();
   }
-  r.emit();
+  // Slots freed while a capture was open go now, if this was the last one.
+  if (ended) destroy_retired(t, std::nullopt);
 }
 
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now) {
@@ -1327,10 +1388,15 @@ void device_resetting(const Call& call, std::optional<CUdevice> device) {
     // Graph and capture handles die with the context; forget them all (a reset is rare, and a
     // forgotten handle of another device only loses its capture id in the trace).
     std::lock_guard<std::mutex> lock(t.mutex);
+    const int dropped = static_cast<int>(t.captures.size());
     t.captures.clear();
+    t.captures_open.fetch_sub(dropped, std::memory_order_relaxed);
+    residency::capture_count(-dropped);
+    capture_gate::closed(dropped);
     t.graphs.clear();
     t.execs.clear();
   }
+  destroy_retired(t, ordinal);
   if (trace::enabled()) {
     record(trace::Event::device_reset, call)
         .add("device", ordinal)

@@ -87,6 +87,8 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream);
 void stream_destroying(const Call& call, CUstream stream);
 // Before the real begin-capture call: what slots' uses were enqueued on `stream` is closed now.
 void capture_beginning(const Call& call, CUstream stream);
+// The driver refused to begin the capture capture_beginning() announced.
+void capture_refused();
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/capture_gate.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/trace.h"
@@ -475,9 +476,17 @@ bool Inside::lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
       const bool restored_first = !lent.steps.empty() && !lent.steps.front().release;
       if (lent.mapped && restored_first) {
         if (!synchronized) {
-          // The work that wrote them may still run: the device's work ends first.
+          // The work that wrote them may still run: the device's work ends first, once no
+          // capture is open (a device-wide synchronize would invalidate it).
           ContextScope scope(drv(), g.context);
           busy("waiting for the device before a rewritten graph's first launch");
+          const uint64_t limit = wait_limit_ns_.load(std::memory_order_relaxed);
+          const capture_gate::Exclusive gate(limit);
+          if (!gate) {
+            die("a rewritten graph's first launch waited " + std::to_string(limit / 1000000) +
+                " ms (residency.wait_limit) for stream captures open on other threads to end: "
+                "it synchronizes the device first, which would invalidate them");
+          }
           const CUresult rc = drv().cuCtxSynchronize();
           idle();
           if (rc != CUDA_SUCCESS) {

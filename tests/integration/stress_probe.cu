@@ -11,6 +11,10 @@
 // --copy3dpeer: the result is first copied into the round's second buffer with
 // cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
+// --free-while-capturing: instead of the rounds, one thread frees a buffer while another has a
+// capture (thread-local mode) open, then the capture ends and its graph runs: prints
+// "free while capturing: checksum 0x..." from the graph's result.
+//
 // Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
 // round holds its expected value; otherwise names the thread, round, element and values and
 // exits 1. A CUDA call that fails names itself and exits 1.
@@ -18,6 +22,7 @@
 
 #include <atomic>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -144,12 +149,98 @@ void work(int thread, int rounds, uint64_t* checksum) {
   CHECK(cudaStreamDestroy(capture));
 }
 
+// Thread A opens a capture and records b = a + 1; thread B frees another buffer meanwhile; A
+// records c = b + 2, ends the capture and launches the graph. On a GPU a device-wide synchronize
+// during the capture (cudaFree's, or vaswap's for a slot) would invalidate it.
+int free_while_capturing() {
+  const int thread = 0, round = 0;
+  int rc = 1;
+  std::mutex m;
+  std::condition_variable cv;
+  int stage = 0;  // 1: A's capture is open; 2: B freed
+  auto step = [&](int to) {
+    std::lock_guard<std::mutex> lock(m);
+    stage = to;
+    cv.notify_all();
+  };
+  auto await = [&](int at) {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return stage >= at; });
+  };
+  void* doomed = nullptr;
+  std::thread b([&] {
+    await(1);
+    ok(cudaFree(doomed), "cudaFree(doomed)", 1, 0);
+    step(2);
+  });
+  [&] {
+    void* buffers[3] = {};
+    for (void*& p : buffers) CHECK(cudaMalloc(&p, kElems * sizeof(uint32_t)));
+    CHECK(cudaMalloc(&doomed, kElems * sizeof(uint32_t)));
+    auto* a = static_cast<uint32_t*>(buffers[0]);
+    auto* bb = static_cast<uint32_t*>(buffers[1]);
+    auto* c = static_cast<uint32_t*>(buffers[2]);
+    cudaStream_t s = nullptr;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    {
+      uint32_t n = kElems, seed = 12345;
+      void* args[] = {&a, &seed, &n};
+      CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(fill_u32), dim3(256), dim3(256), args, 0,
+                             s));
+      // The doomed buffer was used too: its free must wait for this work.
+      void* args2[] = {&doomed, &seed, &n};
+      CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(fill_u32), dim3(256), dim3(256), args2,
+                             0, s));
+      CHECK(cudaStreamSynchronize(s));
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaError_t rc1 = cudaSuccess, rc2 = cudaSuccess;
+    launch_add(bb, a, 1, s, &rc1);
+    step(1);
+    await(2);
+    launch_add(c, bb, 2, s, &rc2);
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(rc1);
+    CHECK(rc2);
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    std::vector<uint32_t> host(kElems);
+    CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    uint64_t sum = 1469598103934665603ull;
+    for (uint32_t i = 0; i < kElems; ++i) {
+      const uint32_t want = (i * 2654435761u ^ 12345u) + 3u;
+      if (host[i] != want) {
+        std::fprintf(stderr, "stress_probe: element %u is 0x%08x, expected 0x%08x\n", i, host[i],
+                     want);
+        return;
+      }
+      sum = sum * 1099511628211ull ^ host[i];
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    for (void* p : buffers) CHECK(cudaFree(p));
+    CHECK(cudaStreamDestroy(s));
+    std::printf("free while capturing: checksum 0x%016" PRIx64 "\n", sum);
+    rc = 0;
+  }();
+  if (stage < 1) step(1);  // A failed before its capture: let B go
+  b.join();
+  return rc == 0 && g_failed.load() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   const char* usage =
-      "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer]\n";
+      "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] "
+      "[--free-while-capturing]\n";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--free-while-capturing") == 0) return free_while_capturing();
+  }
   for (int i = 1; i < argc; i += 2) {
     bool* flag = std::strcmp(argv[i], "--legacy") == 0       ? &g_legacy
                  : std::strcmp(argv[i], "--copy2d") == 0     ? &g_copy2d

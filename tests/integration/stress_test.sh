@@ -17,6 +17,9 @@
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
 #   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
 #      that are away are restored first too (before its hook, the copy read unmapped pages).
+#   8. a slot freed on one thread while another has a capture open (thread-local mode): its
+#      teardown synchronizes the device, which would invalidate the capture (on the H200 and the
+#      simulator alike), so it waits until the capture has ended; the capture and its graph work.
 # The TSan build (scripts/test.sh tsan) runs this same script.
 # Usage: stress_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -90,4 +93,25 @@ assert "cudaMemcpy3DPeerAsync" in seen, seen
 waited = [e for e in ev if e["ev"] == "restore_wait" and e["call"] == "cudaMemcpy3DPeerAsync"]
 assert waited, "no 3D peer copy found a slot away"
 print(f"     {len(waited)} 3D peer copies waited for their slots")
+PY
+
+want=$("$probe" --free-while-capturing 2>"$tmp/err") || fail "free while capturing: the probe failed without vaswap"
+got=$(VASWAP_SIM_DEVICE_MEMORY=$memory VASWAP_CONF="$conf" timeout 120 "$vaswap" run --library "$lib" \
+  --trace "$tmp/fwc.jsonl" -- "$probe" --free-while-capturing 2>"$tmp/err") ||
+  fail "free while capturing: the probe failed under vaswap: $(grep -v ' info: ' "$tmp/err" | head -3)"
+[[ "$got" == "$want" ]] || fail "free while capturing: '$got', without vaswap '$want'"
+echo "ok   free while capturing: $got"
+python3 - "$tmp/fwc.jsonl" <<'PY' || fail "free while capturing"
+import json, sys
+ev = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+begin = next(e for e in ev if e["ev"] == "capture_begin")
+end = next(e for e in ev if e["ev"] == "capture_end")
+assert end["ok"], end
+deferred = [e for e in ev if e["ev"] == "free" and e.get("deferred")]
+assert len(deferred) == 1 and deferred[0]["ok"], deferred
+slot = deferred[0]["slot"]
+assert begin["t_ns"] < deferred[0]["t_ns"] < end["t_ns"], (begin, deferred, end)
+gone = [e for e in ev if e["ev"] == "slot_destroy" and e["slot"] == slot]
+assert len(gone) == 1 and gone[0]["t_ns"] > end["t_ns"], (gone, end)
+print(f"     slot {slot} freed during the capture, destroyed after its end")
 PY

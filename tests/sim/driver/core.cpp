@@ -481,6 +481,7 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   int dev = 0;
   SIM_TRY(current_device(&dev));
   SIM_TRY(check_capture_safety());
+  SIM_TRY(check_device_sync(dev));
   synchronize_device(dev);
   return device_error(dev);
 }
@@ -539,6 +540,7 @@ CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
   Context* c = nullptr;
   SIM_TRY(context_or_current(ctx, &c));
   SIM_TRY(check_capture_safety());
+  SIM_TRY(check_device_sync(c->device));
   synchronize_device(c->device);
   return CUDA_SUCCESS;
 }

@@ -276,6 +276,10 @@ CUresult resolve_stream(CUstream h, std::shared_ptr<Stream>* out);
 std::shared_ptr<Event> lookup_event(CUevent h);
 // The rule for potentially unsafe calls during stream capture (see docs/SIMULATOR.md).
 CUresult check_capture_safety();
+// A device-wide synchronize (cuCtxSynchronize): it may not run while any stream of the device
+// captures, whatever the capture's mode and thread (as on the H200: the call fails and every such
+// capture is invalidated).
+CUresult check_device_sync(int device);
 // Enqueues `node` on the stream, or records it into the stream's capture.
 CUresult submit(CUstream h, std::unique_ptr<Node> node);
 // cuStreamSynchronize (wait) or cuStreamQuery (!wait) without the entry checks.

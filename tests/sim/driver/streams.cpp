@@ -261,6 +261,20 @@ CUresult check_capture_safety() {
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+CUresult check_device_sync(int device) {
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  bool prohibited = false;
+  for (Capture* c : active_captures()) {
+    for (Stream* member : c->streams) {
+      if (member->device != device) continue;
+      invalidate(c);
+      prohibited = true;
+      break;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 CUresult submit(CUstream h, std::unique_ptr<Node> node) {
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(h, &s));
