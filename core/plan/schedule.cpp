@@ -93,7 +93,7 @@ class Chooser {
     // positions in between are shorter than the room's copy and unmap, its own map and its own
     // copy (the model's times, with margins; a release of the same size stands for the room).
     // Then further still while its copy, placed on the link behind those already booked, would
-    // end after the use: the earliest position that hides it, else the one that shows least.
+    // end after the use: the latest position that hides it, else the one that shows least.
     // Never at the release's own position: a window too short for its lead keeps the slot away
     // one position, and the model says how much of its restore shows.
     const double half_remap = kRemapMargin * model_.remap_us / 2;
