@@ -285,7 +285,10 @@ VASWAP_API vaswap_status vaswap_remap_adopt(vaswap_remap remap) {
 VASWAP_API vaswap_status vaswap_remap_destroy(vaswap_remap remap) {
   return guarded([&] {
     Engine& e = vaswap::engine();
-    e.destroy_remap(e.remap_of(remap));
+    vaswap::RemapBatch* batch = e.remap_of(remap);
+    // Discarding pages synchronizes the device, which would invalidate an open capture.
+    const vaswap::capture_gate::Exclusive gate;
+    e.destroy_remap(batch, static_cast<bool>(gate));
   });
 }
 

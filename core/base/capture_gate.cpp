@@ -1,5 +1,6 @@
 #include "base/capture_gate.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -11,7 +12,7 @@ namespace {
 struct Gate {
   std::mutex mutex;
   std::condition_variable changed;
-  int open = 0;
+  std::atomic<int> open{0};  // changed under `mutex`; read without it by open()
   bool held = false;
 };
 
@@ -26,30 +27,27 @@ void beginning() {
   Gate& g = gate();
   std::unique_lock<std::mutex> lock(g.mutex);
   g.changed.wait(lock, [&g] { return !g.held; });
-  ++g.open;
+  g.open.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void closed(int count) {
   Gate& g = gate();
   {
     std::lock_guard<std::mutex> lock(g.mutex);
-    g.open = g.open > count ? g.open - count : 0;
+    const int now = g.open.load(std::memory_order_relaxed);
+    g.open.store(now > count ? now - count : 0, std::memory_order_release);
   }
   g.changed.notify_all();
 }
 
-int open() {
-  Gate& g = gate();
-  std::lock_guard<std::mutex> lock(g.mutex);
-  return g.open;
-}
+int open() { return gate().open.load(std::memory_order_acquire); }
 
 Exclusive::Exclusive(uint64_t wait_ns) {
   Gate& g = gate();
   std::unique_lock<std::mutex> lock(g.mutex);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns);
   for (;;) {
-    if (!g.held && g.open == 0) {
+    if (!g.held && g.open.load(std::memory_order_relaxed) == 0) {
       g.held = held_ = true;
       return;
     }

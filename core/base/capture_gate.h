@@ -7,7 +7,10 @@
 // synchronize is over. A free that finds a capture open does not wait: the slot is retired and
 // destroyed once the last capture has ended (core/observe/intercept.cpp).
 //
-// Captures are counted for the whole process (every device), as the hooks see them begin and end.
+// Captures are counted for the whole process (every device), as the hooks see them begin and end:
+// from before the driver's BeginCapture to after its EndCapture. This is the one count of open
+// captures: the interception (whether a stream may be capturing) and residency (whether a use's
+// mark can be recorded) read it too.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,7 @@ void beginning();
 // A capture counted by beginning() is not open any more: the driver refused to begin it, or it
 // ended (successfully or not), or a device reset dropped it.
 void closed(int count = 1);
-// Captures open now.
+// Captures open now (or about to begin). Lock-free: read on the launch path.
 int open();
 
 // Holds the gate for its lifetime: while it is held no capture opens. Waits for another holder,

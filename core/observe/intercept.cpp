@@ -173,7 +173,6 @@ struct Tables {
   std::unordered_set<const void*> launched_functions;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
-  std::atomic<int> captures_open{0};  // live captures: copies and memsets into slots are checked
   // Slots the program freed while a capture was open (guarded by mutex): destroyed once none is
   // (core/base/capture_gate.h).
   std::vector<Slot*> retired;
@@ -664,8 +663,6 @@ void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, 
   }
   tls_captures.push_back(stream);
   t.captures_begun.fetch_add(1, std::memory_order_relaxed);
-  t.captures_open.fetch_add(1, std::memory_order_relaxed);
-  residency::capture_count(+1);
   planner::capture_begun();
   if (trace::enabled()) {
     auto r = record(trace::Event::capture_begin, call);
@@ -687,8 +684,6 @@ void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult re
     if (it != t.captures.end()) {
       ended = it->second;
       t.captures.erase(it);
-      t.captures_open.fetch_sub(1, std::memory_order_relaxed);
-      residency::capture_count(-1);
     }
   }
   if (ended) capture_gate::closed();
@@ -1030,7 +1025,7 @@ void add_words(const RegionRegistry& registry, const void* data, size_t bytes,
 // stream forked into it through an event (which vaswap's own tables do not name), so the
 // driver is asked whenever any capture is open.
 bool stream_capturing(CUstream stream) {
-  if (tables().captures_open.load(std::memory_order_relaxed) == 0) return false;
+  if (capture_gate::open() == 0) return false;
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return false;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -1092,7 +1087,7 @@ void grant_peer_access(const Call& call, CUstream stream, const std::vector<Slot
 bool eager_wanted() {
   const Tables& t = tables();
   return t.slots.load(std::memory_order_relaxed) != 0 &&
-         (planner::wants_eager() || t.captures_open.load(std::memory_order_relaxed) != 0);
+         (planner::wants_eager() || capture_gate::open() != 0);
 }
 
 bool access_wanted() { return tables().slots.load(std::memory_order_relaxed) != 0; }
@@ -1390,8 +1385,6 @@ void device_resetting(const Call& call, std::optional<CUdevice> device) {
     std::lock_guard<std::mutex> lock(t.mutex);
     const int dropped = static_cast<int>(t.captures.size());
     t.captures.clear();
-    t.captures_open.fetch_sub(dropped, std::memory_order_relaxed);
-    residency::capture_count(-dropped);
     capture_gate::closed(dropped);
     t.graphs.clear();
     t.execs.clear();

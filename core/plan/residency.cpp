@@ -20,6 +20,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/capture_gate.h"
 #include "base/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
@@ -551,7 +552,6 @@ class Residency {
   std::map<std::pair<int, EagerShape>, CUgraphExec> eager_graphs_;
 
  public:
-  std::atomic<int> captures_{0};    // captures open in the process (the preload's count)
   std::atomic<bool> parks_{false};  // some device uses the device handshake
 };
 
@@ -777,7 +777,7 @@ void Residency::close_mark(const StreamKey& key) {
   Marks& m = marks_of(key);
   if (m.next.use_count() == 1) return;  // nobody refers to it: nothing to record
   const Driver& driver = drv();
-  if (captures_.load(std::memory_order_acquire) > 0) {
+  if (capture_gate::open() > 0) {
     // A stream that captures (one that began it, or one forked into it) would record the mark
     // into the graph: it stays open, and its slots are not evicted until it is closed.
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -822,7 +822,7 @@ int64_t Residency::distance_locked(const Entry& e) const {
 // While a capture is open, a mark left open could only be closed on a capturing stream: a slot
 // used since its streams' last marks waits until they are closed (or the captures end).
 bool Residency::evictable_during_capture_locked(const Entry& e) const {
-  return captures_.load(std::memory_order_acquire) == 0 || marks_closed(e);
+  return capture_gate::open() == 0 || marks_closed(e);
 }
 
 // Device handshake: true while `key` is parked (or will be) on the device for a restore that has
@@ -1632,7 +1632,7 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                      " in use while a capture is open, " + byte_size(parked) +
                      " used behind a device wait for a restore; waited " +
                      std::to_string(trace::us_since(started) / 1000) + " ms, " +
-                     std::to_string(captures_.load()) + " captures open); nothing was launched";
+                     std::to_string(capture_gate::open()) + " captures open); nothing was launched";
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }
@@ -3333,7 +3333,6 @@ uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, 
 Budget budget(int device) { return the().budget(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
-void capture_count(int change) { the().captures_.fetch_add(change, std::memory_order_acq_rel); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
   // A peer copy recorded into a capture names slots of two devices: each needs its pages on its
   // own device.

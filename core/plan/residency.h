@@ -167,11 +167,8 @@ uint64_t make_room(int device, uint64_t bytes);
 void capture_beginning(CUstream stream);
 // `stream` is about to be destroyed: the same (its work may still run; the mark follows it).
 void stream_gone(CUstream stream);
-// A capture opened (+1) or closed (-1) in the process: while any is open, marks are not recorded
-// on capturing streams, and only slots whose last uses are closed already are evicted. A count of
-// changes, not a stored total: two threads' stores could land out of order and leave a capture
-// open forever.
-void capture_count(int change);
+// While any capture is open (core/base/capture_gate.h counts them), marks are not recorded on
+// capturing streams, and only slots whose last uses are closed already are evicted.
 
 // Copies and memsets recorded into a capture need their addresses mapped: backs `slots` now
 // (waiting until they are mapped), without recording anything on the capturing stream and

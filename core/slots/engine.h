@@ -208,7 +208,10 @@ class Engine {
   // when they are. Woken as soon as the worker submits.
   bool wait_submitted_for(RemapBatch* batch, int timeout_ms);
   void adopt(RemapBatch* batch);
-  void destroy_remap(RemapBatch* batch);
+  // Pages nobody adopted are unmapped after a device-wide synchronize. `may_synchronize` false
+  // (a stream capture is open, core/base/capture_gate.h): if there are such pages, it fails with
+  // VASWAP_ERROR_INVALID_STATE and the batch is left as it was.
+  void destroy_remap(RemapBatch* batch, bool may_synchronize = true);
 
   // Mechanism for the slots residency.h manages (Slot::managed): pages at the slot's address, or
   // none. Each throws Error with nothing changed; the caller serializes the calls of one slot.

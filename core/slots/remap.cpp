@@ -525,7 +525,7 @@ void Engine::adopt(RemapBatch* batch) {
   if (!first_error.empty()) fail(VASWAP_ERROR_CUDA, "vaswap_remap_adopt: " + first_error);
 }
 
-void Engine::destroy_remap(RemapBatch* batch) {
+void Engine::destroy_remap(RemapBatch* batch, bool may_synchronize) {
   struct Discard {
     Slot* slot;
     SlotFacts facts;
@@ -541,6 +541,18 @@ void Engine::destroy_remap(RemapBatch* batch) {
     }
     batch->destroying = true;
     wait_until(lock, [&] { return batch->worker_done && batch->outstanding == 0; });
+    const bool discards_pages =
+        std::any_of(batch->entries.begin(), batch->entries.end(), [](const RemapEntry& entry) {
+          return !entry.adopted && entry.slot != nullptr && entry.handle != 0;
+        });
+    if (discards_pages && !may_synchronize) {
+      batch->destroying = false;
+      fail(VASWAP_ERROR_INVALID_STATE,
+           "vaswap_remap_destroy: remap " + std::to_string(batch->id) +
+               " holds pages nobody adopted, and unmapping them needs a device-wide synchronize, "
+               "which would invalidate the stream capture open in this process; adopt them "
+               "(vaswap_remap_adopt) or destroy the remap after the capture ends");
+    }
     for (RemapEntry& entry : batch->entries) {
       if (entry.adopted || entry.slot == nullptr) continue;
       if (entry.handle != 0) {

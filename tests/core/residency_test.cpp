@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../sim/tests/sim_test.h"
+#include "base/capture_gate.h"
 #include "base/trace.h"
 #include "plan/copy_test.h"
 #include "plan/residency.h"
@@ -251,7 +252,7 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
   fill(a, 71);  // a's use on stream_: its mark is open
   residency::capture_beginning(stream_);
   ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
-  residency::capture_count(+1);
+  capture_gate::beginning();
   CUstream other = nullptr;
   ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
   Slot* b = make_slot();
@@ -265,7 +266,7 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
   wait_mapped({a}, false);  // a left during the capture
   CUgraph graph = nullptr;
   ASSERT_CU(cuStreamEndCapture(stream_, &graph));
-  residency::capture_count(-1);
+  capture_gate::closed();
   size_t nodes = 1;
   ASSERT_CU(cuGraphGetNodes(graph, nullptr, &nodes));
   EXPECT_EQ(nodes, 0u) << "vaswap recorded into the application's capture";
@@ -910,12 +911,12 @@ TEST_F(ResidencyTest, ARestoreAfterAHostPathEvictionDoesNotGoAhead) {
     fill(a, 32);  // back, then 32 written: that use's mark stays open on stream_
     ASSERT_CU(cuStreamSynchronize(stream_));
     const uint64_t reclaims = residency::stats().reclaims;
-    residency::capture_count(+1);  // a capture the preload did not see begin: the mark stays open
+    capture_gate::beginning();  // a capture the preload did not see begin: the mark stays open
     ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
     residency::evict({a}, "plan");  // the host path: its D2H waits for the mark
     CUgraph graph = nullptr;
     ASSERT_CU(cuStreamEndCapture(stream_, &graph));
-    residency::capture_count(-1);
+    capture_gate::closed();
     ASSERT_CU(cuGraphDestroy(graph));
     // Back for a launch on another stream, before the eviction copied anything: called off.
     CUstream other = nullptr;

@@ -752,6 +752,39 @@ TEST_F(Rejects, CapturingStream) {
   cudaGraphDestroy(graph);
 }
 
+// Destroying a slot, or a remap whose pages nobody adopted, synchronizes the device, which would
+// invalidate a capture open on any thread (measured on the H200): both are refused while one is
+// open, nothing is lost, and both succeed once it has ended. The capture goes through vaswap's
+// hooks (this program links the library that exports them).
+TEST_F(Rejects, DestroyWhileACaptureIsOpen) {
+  vaswap_slot slot = make_slot(2 * kMiB), remapped = make_slot(2 * kMiB);
+  VASWAP_OK_(vaswap_slot_unmap_and_release(remapped));
+  vaswap_remap remap = nullptr;
+  VASWAP_OK_(vaswap_remap_after(&remapped, 1, stream_, &remap));
+  VASWAP_OK_(vaswap_remap_wait_slot_submitted(remap, 0));
+  cudaStream_t capturing = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal));
+  fill(info_of(slot).va, 5, 16, capturing);
+  expect(vaswap_remap_destroy(remap), VASWAP_ERROR_INVALID_STATE, "after the capture ends");
+  EXPECT_EQ(info_of(remapped).mapped, 1);
+  expect(vaswap_slot_destroy(slot), VASWAP_ERROR_INVALID_STATE, "after the capture ends");
+  EXPECT_EQ(info_of(slot).mapped, 1);
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(capturing, &graph));  // not invalidated
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, capturing));
+  CUDA_OK(cudaStreamSynchronize(capturing));
+  EXPECT_EQ(mismatches(read_device(info_of(slot).va, 16), 5, 1, 0), 0u);
+  VASWAP_OK_(vaswap_remap_destroy(remap));
+  EXPECT_EQ(info_of(remapped).mapped, 0);
+  VASWAP_OK_(vaswap_slot_destroy(slot));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(capturing));
+}
+
 TEST_F(Rejects, UnknownDevice) {
   vaswap_slot slot = nullptr;
   expect(vaswap_slot_create(device_count(), 2 * kMiB, &slot), VASWAP_ERROR_INVALID_ARGUMENT,
