@@ -30,7 +30,10 @@
 # Environment: RUNS (3), STEPS (20), SKIP (5), TORCH_BUDGET (3GiB), DEMO_BUDGET (512MiB),
 #   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda),
 #   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF (policy keys added to
-#   every program's, e.g. residency.handshake=device).
+#   every program's, e.g. residency.handshake=device; with trace.launch_times=true each program's
+#   table row is followed by the "Launch times" section of `vaswap report` for each vaswap run:
+#   where a step's device time went. TORCH_BUDGET=auto (nothing moves) gives the same figures
+#   for the graphs with nothing offloaded beside them).
 # Writes $OUT (else bench/results)/overhead_h200.md (the table, with its command) and
 # overhead_h200_runs.tar.gz (outputs, JSON and traces).
 set -uo pipefail
@@ -136,6 +139,16 @@ print(f"| {program} | `{policy or 'the default policy'}` | "
 sys.exit(0 if same else 1)
 PY
   tail -1 "$md"
+  if [[ ${EXTRA_CONF:-} == *trace.launch_times=true* ]]; then
+    for i in $(seq 1 "$runs"); do
+      {
+        echo
+        echo "<!-- $program, vaswap run $i: scripts/vaswap report on its trace -->"
+        scripts/vaswap report --no-progress "$runs_dir/${program}_vaswap_$i.jsonl" 2>/dev/null |
+          sed -n '/^## Launch times/,/^## /p' | sed '$ { /^## /d }' | sed "s/^## Launch times of .*/### $program, run $i: launch times/"
+      } >>"$md"
+    done
+  fi
 done
 echo "status=$status"
 exit $status

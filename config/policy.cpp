@@ -402,6 +402,12 @@ const Key kSchema[] = {
      p.memory_interval_ns = ns;
      return true; },
    [](const Policy& p) { return p.memory_interval_ns == 0 ? std::string("0") : show_duration(p.memory_interval_ns); }},
+  {"trace.launch_times", "bool", "true or false", "false",
+   "Time every graph launch on the device and trace it (launch_time): how long its stream waited "
+   "for vaswap before the graph, the graph itself, and the time since the stream's previous "
+   "launch. A diagnostic: three timing events per launch. vaswap report sums them per step.",
+   [](Policy& p, const std::string& v) { return parse_bool(v, &p.launch_times); },
+   [](const Policy& p) { return std::string(p.launch_times ? "true" : "false"); }},
   {"log.level", "trace | debug | info | warn | error | off", "trace, debug, info, warn, error or off", "warn",
    "The log's level (VASWAP_LOG_LEVEL sets it too).",
    [](Policy& p, const std::string& v) {

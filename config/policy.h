@@ -67,6 +67,7 @@ struct Policy {
   bool trace_overwrite = false;  // replace a trace file that exists
   std::string trace_level = "events";
   uint64_t memory_interval_ns = 0;  // 0: no cuMemGetInfo sampling
+  bool launch_times = false;        // timing events around every graph launch (launch_time)
   std::string log_level = "warn";
   std::string log_destination = "stderr";
   std::vector<Rule> rules;

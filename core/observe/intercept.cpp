@@ -23,6 +23,7 @@
 #include "base/trace.h"
 #include "observe/callsite.h"
 #include "observe/graph_scan.h"
+#include "observe/launch_times.h"
 #include "plan/inside.h"
 #include "plan/planner.h"
 #include "plan/residency.h"
@@ -106,6 +107,7 @@ void start() {
     if (!e.abort_message.empty()) stop(e.abort_message);
     configure_log(e.policy.log_level, e.policy.log_destination);
     trace::open_from_environment(e.policy.trace_path, e.policy.trace_overwrite);
+    launch_times::configure(e.policy.launch_times);
     planner::configure(e.policy, &slots_of_capture);
     if (!e.policy.serial_driver_calls) {
       try {
@@ -281,10 +283,13 @@ std::vector<Slot*> slots_of_capture(uint64_t ordinal) {
 }
 
 // At exit: what vaswap did, on the log at info level (shown with log.level: info, as NCCL's
-// INFO lines are) and as the trace's `summary` event. No CUDA call is made here.
+// INFO lines are) and as the trace's `summary` event. No CUDA call is made here, but for the
+// opt-in trace.launch_times: event queries, which wait for nothing and fail harmlessly once the
+// program's context is gone.
 void say_summary() {
   // A forked child has none of vaswap's threads, and the parent's counters: it says nothing.
   if (trace::forked_child()) return;
+  launch_times::finish();
   const Tables& t = tables();
   const planner::Counters p = planner::counters();
   vaswap_stats s{};
@@ -933,6 +938,7 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
   }
   // A launch into a capturing stream becomes a node of that graph; nothing runs now.
   if (capturing) return Ticket{};
+  launch_times::Timing timing = launch_times::begin(stream);  // before any wait for its slots
   Ticket ticket = planner::before_graph(call.symbol, exec, stream, facts.slots, facts.ordinal);
   if (first && ticket.result == CUDA_SUCCESS) {
     // Its first launch uploads the graph. With the device handshake, not while a stream (this
@@ -958,6 +964,10 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
       ticket.result = rc;
     }
   }
+  if (ticket.result == CUDA_SUCCESS) {
+    launch_times::before_graph(timing, stream);
+    ticket.timing = std::move(timing);
+  }
   return ticket;
 }
 
@@ -965,6 +975,10 @@ void launch_returned(const Call& call, CUgraphExec exec, CUstream stream, const 
                      bool enqueued) {
   Tables& t = tables();
   stream = stream_of(call, stream);
+  if (ticket.timing.before_graph) {
+    launch_times::Timing timing = ticket.timing;
+    launch_times::end(timing, exec, stream, enqueued);
+  }
   uint64_t ordinal = 0;
   {
     std::lock_guard<std::mutex> lock(t.mutex);

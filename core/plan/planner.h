@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "observe/launch_times.h"
 #include "plan/residency.h"
 #include "policy.h"
 
@@ -52,6 +53,7 @@ struct Ticket {
   CUresult result = CUDA_SUCCESS;  // not success: do not launch; `message` says why
   std::string message;
   residency::Acquired acquired;
+  launch_times::Timing timing;  // a graph launch's timing events (trace.launch_times)
 };
 
 // Before and after the real graph launch. `slots`: the slots the graph's nodes reference.

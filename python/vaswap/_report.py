@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import statistics
 import sys
 
 from . import _layout
@@ -34,6 +35,7 @@ NEEDED = {
     "mem_sample": ("free", "total"),
     "mem_info": ("free", "total"),
     "graph_launch": ("exec",),
+    "launch_time": ("exec", "enqueued_ns", "parked_us", "graph_us"),
     "plan": ("plan",),
     "plan_window": ("slot", "bytes"),
     "trace_begin": ("version",),
@@ -296,6 +298,43 @@ def per_graph(run):
     return list(graphs.values())
 
 
+def launch_phases(run):
+    """trace.launch_times: the device times of graph launches, by phase. A launch belongs to the
+    phase in force when it was enqueued: "before a plan" until a `plan` event, "plan in force"
+    from it until the next `learn`. Per phase: launches, the medians and sums of `graph_us`,
+    `parked_us` and `since_us`, the graph time per executable (median), and the launches per
+    period of the plan last in force (to give per-step figures)."""
+    times = run.of("launch_time")
+    if not times:
+        return []
+    changes = sorted([(e["t_ns"], "plan in force") for e in run.of("plan")] +
+                     [(e["t_ns"], "before a plan") for e in run.of("learn")])
+    keys = [t for t, _ in changes]
+    plans = run.of("plan")
+    period = plans[-1].get("period") if plans else None
+    phases = collections.OrderedDict((name, []) for name in ("before a plan", "plan in force"))
+    for e in times:
+        i = bisect.bisect_right(keys, e["enqueued_ns"]) - 1
+        phases[changes[i][1] if i >= 0 else "before a plan"].append(e)
+    rows = []
+    for name, launches in phases.items():
+        if not launches:
+            continue
+        by_exec = collections.defaultdict(list)
+        for e in launches:
+            by_exec[e["exec"]].append(e["graph_us"])
+        rows.append({
+            "phase": name,
+            "launches": len(launches),
+            "graph_us": [e["graph_us"] for e in launches],
+            "parked_us": [e["parked_us"] for e in launches],
+            "since_us": [e["since_us"] for e in launches if "since_us" in e],
+            "exec_graph_us": {x: statistics.median(v) for x, v in by_exec.items()},
+            "period": period,
+        })
+    return rows
+
+
 def per_region(run):
     regions = collections.OrderedDict()
     for e in run.of("slot_create"):
@@ -397,6 +436,43 @@ def tables(runs):
                     f"{mib(held)} MiB at once (exit summary)",
                 f"- other work brought lent slots back {len(demands)} times, "
                 f"{sum(e['dur_us'] for e in demands) / 1e3:.1f} ms waited"]
+    for run in runs:
+        phases = launch_phases(run)
+        if not phases:
+            continue
+        out += ["", f"## Launch times of {run.name} (trace.launch_times)", "",
+                "Device time per graph launch: *parked* is the time its stream waited for vaswap "
+                "before the graph began (restores, room), *graph* the graph itself, *between* the "
+                "time from the stream's previous launch to this one (eager work, host gaps). Per "
+                "period: the mean per launch times the launches of one period of the last plan.", "",
+                "| phase | launches | graph ms (median) | parked ms (median; mean) | "
+                "between ms (median; mean) | per period: graph + parked + between ms |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for r in phases:
+            n = r["period"] or 1
+
+            def mean(v):
+                return sum(v) / len(v) if v else 0.0
+
+            def med(v):
+                return statistics.median(v) if v else 0.0
+
+            out.append(
+                f"| {r['phase']} | {r['launches']} | {med(r['graph_us']) / 1e3:.3f} | "
+                f"{med(r['parked_us']) / 1e3:.3f}; {mean(r['parked_us']) / 1e3:.3f} | "
+                f"{med(r['since_us']) / 1e3:.3f}; {mean(r['since_us']) / 1e3:.3f} | "
+                f"{n * mean(r['graph_us']) / 1e3:.2f} + {n * mean(r['parked_us']) / 1e3:.2f} + "
+                f"{n * mean(r['since_us']) / 1e3:.2f} |")
+        if len(phases) == 2:
+            before, after = phases[0]["exec_graph_us"], phases[1]["exec_graph_us"]
+            both = [x for x in after if x in before]
+            if both:
+                was = sum(before[x] for x in both)
+                now = sum(after[x] for x in both)
+                out += ["", f"- the same {len(both)} graphs, summed medians: {was / 1e3:.2f} ms "
+                            f"before a plan, {now / 1e3:.2f} ms with one in force "
+                            f"({100 * (now / was - 1):+.1f}%: the graphs' own device time "
+                            "with vaswap's copies and driver calls beside them)"]
     problems = [p for run in runs for p in run.problems]
     if problems:
         out += ["", "## Problems", ""] + [f"- {p}" for p in problems]

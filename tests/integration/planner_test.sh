@@ -113,6 +113,39 @@ assert summary["handshake"] == "host" and summary["peak_resident"] <= 40 << 20, 
 assert count("plan_restore") > 0 and summary["errors"] == 0, summary
 '
 
+# 1c. trace.launch_times: every graph launch's device times (launch_time), and vaswap report's
+#     table of them by phase. The demo launches its graphs on one stream, so each launch's
+#     since_us + parked_us + graph_us adds up, launch after launch, to the device time from the
+#     first launch to the last one traced: no more than the host saw pass meanwhile.
+plain_and_vaswap launch_times "$given,trace.launch_times=true" --steps 30
+check launch_times '
+launches = [e for e in ev if e["ev"] == "graph_launch"]
+times = sorted((e for e in ev if e["ev"] == "launch_time"), key=lambda e: e["enqueued_ns"])
+execs = {e["exec"] for e in launches}
+# Written at later launches: only the last few, still running at exit, may be missing.
+assert len(launches) - 4 <= len(times) <= len(launches), (len(launches), len(times))
+assert all(e["exec"] in execs for e in times)
+assert len({e["stream"] for e in times}) == 1, {e["stream"] for e in times}
+assert all(e["graph_us"] > 0 and e["parked_us"] >= 0 for e in times)
+assert "since_us" not in times[0] and all(e["since_us"] >= 0 for e in times[1:]), times[:2]
+device_ms = sum(e["parked_us"] + e["graph_us"] + e.get("since_us", 0) for e in times) / 1e3
+host_ms = (max(e["t_ns"] for e in times) - times[0]["enqueued_ns"]) / 1e6
+span_ms = (times[-1]["enqueued_ns"] - times[0]["enqueued_ns"]) / 1e6
+assert 0.5 * span_ms <= device_ms <= host_ms + 1, (device_ms, span_ms, host_ms)
+print(f"     {len(times)} of {len(launches)} launches timed: {device_ms:.1f} ms of device time "
+      f"between the first and the last, within the {host_ms:.1f} ms the host saw")
+'
+"$vaswap" report --no-progress "$tmp/launch_times.jsonl" >"$tmp/report" 2>&1 || fail "launch_times: vaswap report failed: $(tail -3 "$tmp/report")"
+python3 - "$tmp/report" "$tmp/launch_times.jsonl" <<'PY' || fail "launch_times: the report's table"
+import json, re, sys
+text = open(sys.argv[1]).read()
+assert "## Launch times of" in text, text[-2000:]
+rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| (before a plan|plan in force) \| (\d+) \|", text, re.M)}
+timed = sum(1 for line in open(sys.argv[2]) if '"ev":"launch_time"' in line)
+assert set(rows) == {"before a plan", "plan in force"} and sum(rows.values()) == timed, (rows, timed)
+print(f"     vaswap report: {rows['before a plan']} launches before the plan, {rows['plan in force']} with it")
+PY
+
 # 2. The default budget (auto: what the 16 GiB simulated device has) fits every slot: the plan
 #    takes no window and nothing moves, whatever the link.
 plain_and_vaswap fits "selection.min_bytes=1MiB,schedule.model=given,schedule.h2d_gbps=0.001,schedule.d2h_gbps=0.001" --steps 12

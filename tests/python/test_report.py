@@ -145,6 +145,47 @@ def test_a_whole_graph_run_reports_its_rewritten_graph(traces):
     assert f"launches carried out: {STEPS}" in out.stdout
 
 
+def test_launch_times_are_split_at_the_plan_and_summed_per_period(tmp_path):
+    # Two graphs A and B, one period of 2 launches: two launches before the plan, four with it
+    # (written out of time order, as the preload writes them), then learning again for one more.
+    def ev(t_ns, name, **fields):
+        return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})
+
+    def timed(t_ns, enqueued_ns, exec_, graph_us, parked_us, since_us=None):
+        extra = {} if since_us is None else {"since_us": since_us}
+        return ev(t_ns, "launch_time", exec=exec_, stream="0x1", enqueued_ns=enqueued_ns,
+                  graph_us=graph_us, parked_us=parked_us, **extra)
+
+    lines = [ev(0, "trace_begin", format="vaswap-trace", version=1),
+             ev(1, "learn", why="start", generation=1),
+             timed(30, 10, "0xa", 1000.0, 0.0), timed(40, 20, "0xb", 2000.0, 0.0, 100.0),
+             ev(50, "plan", plan=1, period=2),
+             timed(95, 70, "0xb", 2400.0, 300.0, 300.0), timed(90, 60, "0xa", 1200.0, 100.0, 100.0),
+             timed(120, 80, "0xa", 1400.0, 500.0, 100.0), timed(130, 90, "0xb", 2600.0, 100.0, 300.0),
+             ev(140, "learn", why="deviation", generation=2),
+             timed(160, 150, "0xa", 1000.0, 0.0, 1000.0),
+             ev(200, "trace_end")]
+    path = tmp_path / "times.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = read(path)
+    assert run.problems == []
+    before, steady = vaswap_report.launch_phases(run)
+    assert (before["phase"], before["launches"]) == ("before a plan", 3)
+    assert (steady["phase"], steady["launches"]) == ("plan in force", 4)
+    assert sorted(steady["graph_us"]) == [1200.0, 1400.0, 2400.0, 2600.0]
+    assert steady["exec_graph_us"] == {"0xa": 1300.0, "0xb": 2500.0}
+    assert before["exec_graph_us"] == {"0xa": 1000.0, "0xb": 2000.0}
+    out = report(path)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| plan in force |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # Medians 1.9 ms graph, 0.2 parked; means 0.25 parked, 0.2 between; per period of 2 launches:
+    # 3.8 ms of graphs (7.6 / 4 * 2), 0.5 parked, 0.4 between.
+    assert cells == ["plan in force", "4", "1.900", "0.200; 0.250", "0.200; 0.200",
+                     "3.80 + 0.50 + 0.40"]
+    assert "summed medians: 3.00 ms before a plan, 3.80 ms with one in force (+26.7%" in out.stdout
+
+
 def test_two_traces_are_two_runs(traces):
     result = report(traces["rules"], traces["planned"])
     assert result.returncode == 0, result.stderr

@@ -120,6 +120,7 @@ TEST(Keys, DefaultsAreTheDocumentedOnes) {
   EXPECT_FALSE(p.trace_overwrite);
   EXPECT_EQ(p.trace_level, "events");
   EXPECT_EQ(p.memory_interval_ns, 0u);
+  EXPECT_FALSE(p.launch_times);
   EXPECT_EQ(p.log_level, "warn");
   EXPECT_EQ(p.log_destination, "stderr");
 }
@@ -134,7 +135,8 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
       "residency.handshake=host,residency.wait_limit=5s,"
       "guard=false,host_pool.limit=32GiB,host_pool.numa=1,workers.release=2,workers.remap=3,"
       "workers.serial_driver_calls=false,trace.path=/tmp/t_%p_%r_%h.jsonl,trace.level=verbose,"
-      "trace.overwrite=true,trace.memory_interval=50us,log.level=info,log.destination=stdout");
+      "trace.overwrite=true,trace.memory_interval=50us,trace.launch_times=true,log.level=info,"
+      "log.destination=stdout");
   EXPECT_EQ(p.mode, Mode::off);
   EXPECT_EQ(p.on_error, OnError::passthrough);
   EXPECT_EQ(p.min_bytes, 64ull << 20);
@@ -163,6 +165,7 @@ TEST(Keys, EverySchemaKeyIsSetFromVaswapConf) {
   EXPECT_EQ(p.trace_level, "verbose");
   EXPECT_TRUE(p.trace_overwrite);
   EXPECT_EQ(p.memory_interval_ns, 50000u);
+  EXPECT_TRUE(p.launch_times);
   EXPECT_EQ(p.log_level, "info");
   EXPECT_EQ(p.log_destination, "stdout");
   EXPECT_EQ(from_conf("selection.device=all").device, -1);
