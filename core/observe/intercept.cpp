@@ -365,6 +365,7 @@ void say_summary() {
       .add("settle_waits", r.settle_waits)
       .add("settle_wait_us", r.settle_wait_us)
       .add("budget_overshoots", r.budget_overshoots)
+      .add("host_path_restores", r.host_path_restores)
       .add("on_demand", p.on_demand_restores)
       .add("guard_hits", p.guard_hits)
       .add("deviations", p.deviations)

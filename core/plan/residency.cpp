@@ -325,6 +325,13 @@ struct Device {
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
 };
 
+// An eviction's timing events go back to the device's spares (under the state lock). One that
+// copied nothing had none.
+void give_back_events_locked(Device& d, const Unmap& unmap) {
+  if (unmap.start != nullptr) d.spare_events.push_back(unmap.start);
+  if (unmap.done != nullptr) d.spare_events.push_back(unmap.done);
+}
+
 // What one decision asks the application's thread to do once the state lock is dropped.
 struct Actions {
   int device = -1;
@@ -414,6 +421,7 @@ class Residency {
   int64_t distance_locked(const Entry& e) const;
   bool parked_locked(const StreamKey& key) const;
   bool held_by_parked_stream_locked(const Entry& e) const;
+  bool host_path_evictions_pending_locked(const Device& d) const;
   // Device handshake: an eviction of `e` decided now can enqueue its D2H at once (evict_ahead),
   // on the device behind its last uses and its latest restore: it has no data, or its copy
   // graphs, or the pages to make them with; and its latest restore has landed or work that uses
@@ -845,6 +853,20 @@ bool Residency::held_by_parked_stream_locked(const Entry& e) const {
                      [this](const Mark& m) { return parked_locked(m.stream); });
 }
 
+// Device handshake: an eviction with data that could not go ahead (its last uses were on a
+// capturing stream, or its copy graphs could not be made) is enqueued on the device only once the
+// host sees those uses done, which is after the streams a restore decided now would park. A
+// restore that counts on its pages must not park anything: on the H200 work enqueued behind a
+// parked stream did not run (docs/PLANNER.md, "Handshakes"). While such an eviction is pending,
+// restores take the host path.
+bool Residency::host_path_evictions_pending_locked(const Device& d) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&d](const auto& entry) {
+    const Entry& e = entry.second;
+    return e.device == d.ordinal && e.has_data && !e.eviction_ahead &&
+           e.evictions_done != e.evictions_decided;
+  });
+}
+
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
                                               const std::vector<Entry*>& keep,
                                               bool recorded_only) const {
@@ -1087,7 +1109,23 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
             if (Entry* e = by_id_locked(job.slot)) e->eviction_ahead = true;
           }
         } else if (job.ahead) {
-          restore_ahead(d, job);
+          bool host_path = false;
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            Entry* e = by_id_locked(job.slot);
+            if (e != nullptr && host_path_evictions_pending_locked(d)) {
+              host_path = true;
+              job.ahead = e->ahead = false;
+              ++stats_.host_path_restores;
+              // The launch's thread waits for its submission instead of its stream for its copy.
+              auto it = std::find(a.event_waits.begin(), a.event_waits.end(), e);
+              if (it != a.event_waits.end()) {
+                a.event_waits.erase(it);
+                a.host_waits.push_back(e);
+              }
+            }
+          }
+          if (!host_path) restore_ahead(d, job);
         }
       }
     }
@@ -2853,8 +2891,7 @@ bool Residency::reclaim(Device& d, const Unmap& unmap, bool copied, CUdeviceptr*
       if (!newer) e->marks.push_back(old);
     }
     ++stats_.reclaims;
-    if (unmap.start != nullptr) d.spare_events.push_back(unmap.start);
-    if (unmap.done != nullptr) d.spare_events.push_back(unmap.done);
+    give_back_events_locked(d, unmap);
     --d.unmaps_in_flight;
     if (trace::enabled()) {
       trace::Record(trace::Event::reclaim)
@@ -2892,19 +2929,27 @@ bool Residency::submit_copy(Device& d, Unmap& unmap) {
   }
   const BusyHold hold(*this, slot != nullptr ? unmap.slot : 0);
   unmap.submitted = true;
+  if (slot == nullptr || !unmap.copied) {
+    // Nothing to copy (a slot never written, or freed meanwhile): nothing for the device to do.
+    // Its last uses have completed (dependencies_done), so it is unmapped now. Events on the
+    // offload stream would end only behind the copies enqueued there before them, and under
+    // the device handshake a stream may be parked on a restore that counts on this slot's pages:
+    // on the H200 such an eviction's events never completed while four threads' streams were
+    // parked (bench/results/copy_h200.md), and the restores waiting for its room never landed.
+    unmap.start = unmap.done = nullptr;
+    return true;
+  }
   unmap.start = spare_event(d);
   unmap.done = spare_event(d);
   driver.cuEventRecord(unmap.start, d.offload);
-  if (slot != nullptr && unmap.copied) {
-    const CUresult rc = with_retries(
-        [&] { return driver.cuMemcpyDtoHAsync(host, slot->va, slot->bytes, d.offload); });
-    if (rc != CUDA_SUCCESS) {
-      log().error("{}; the slot stays resident",
-                  cuda_failure("cuMemcpyDtoHAsync", rc, slot->describe()));
-      record_or_die(driver, unmap.done, d.offload,
-                    "the end of the eviction of slot " + std::to_string(unmap.slot));
-      return false;
-    }
+  const CUresult rc = with_retries(
+      [&] { return driver.cuMemcpyDtoHAsync(host, slot->va, slot->bytes, d.offload); });
+  if (rc != CUDA_SUCCESS) {
+    log().error("{}; the slot stays resident",
+                cuda_failure("cuMemcpyDtoHAsync", rc, slot->describe()));
+    record_or_die(driver, unmap.done, d.offload,
+                  "the end of the eviction of slot " + std::to_string(unmap.slot));
+    return false;
   }
   record_or_die(driver, unmap.done, d.offload,
                 "the end of the eviction of slot " + std::to_string(unmap.slot));
@@ -3019,9 +3064,24 @@ void Residency::run_unmapper(Device& d) {
     // eviction whose copy has ended goes first. One waiting for a restore that waits for room
     // must not hold back the evictions that make it.
     const auto ended = [&driver](const Unmap& u) {
-      return u.submitted && driver.cuEventQuery(u.done) == CUDA_SUCCESS;
+      return u.submitted && (u.done == nullptr || driver.cuEventQuery(u.done) == CUDA_SUCCESS);
     };
     const auto ended_behind = [&] { return std::any_of(mine.begin() + 1, mine.end(), ended); };
+    // Evictions queued meanwhile, and those behind the first whose last uses are done, are
+    // submitted while the first waits, whatever it waits for: one with nothing to copy then ends
+    // at once (and goes first), one with a copy has it enqueued.
+    const auto submit_behind = [&] {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        while (!d.unmaps.empty()) {
+          mine.push_back(std::move(d.unmaps.front()));
+          d.unmaps.pop_front();
+        }
+      }
+      for (auto it = mine.begin() + 1; it != mine.end(); ++it) {
+        if (!it->submitted && dependencies_done(*it)) it->failed = !submit_copy(d, *it);
+      }
+    };
     if (mine.size() > 1 && !ended(mine.front())) {
       auto first = std::find_if(mine.begin() + 1, mine.end(), ended);
       if (first != mine.end()) {
@@ -3043,6 +3103,7 @@ void Residency::run_unmapper(Device& d) {
       bool reclaimed = false;
       bool behind = false;
       while (!(reclaimed = reclaim(d, unmap, false)) && !dependencies_done(unmap)) {
+        submit_behind();
         if (ended_behind()) {
           behind = true;
           break;
@@ -3064,15 +3125,11 @@ void Residency::run_unmapper(Device& d) {
       }
       unmap.failed = !submit_copy(d, unmap);
     }
-    for (Unmap& later : mine) {
-      if (later.submitted) continue;
-      if (!dependencies_done(later)) break;
-      later.failed = !submit_copy(d, later);
-    }
     bool timed_out = false;
     CUresult rc = CUDA_SUCCESS;
     for (auto pause = std::chrono::microseconds(5);;) {
-      rc = driver.cuEventQuery(unmap.done);
+      submit_behind();
+      rc = unmap.done == nullptr ? CUDA_SUCCESS : driver.cuEventQuery(unmap.done);
       if (rc != CUDA_ERROR_NOT_READY || ended_behind()) break;
       if (trace::now_ns() - unmap.waiting_since > limit) {
         timed_out = true;
@@ -3093,8 +3150,7 @@ void Residency::run_unmapper(Device& d) {
       // The copy could not be enqueued: the slot keeps its pages and its data (invariant 7).
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        d.spare_events.push_back(unmap.start);
-        d.spare_events.push_back(unmap.done);
+        give_back_events_locked(d, unmap);
         Entry* e = by_id_locked(unmap.slot);
         if (e != nullptr) {
           ++e->evictions_done;
@@ -3110,7 +3166,7 @@ void Residency::run_unmapper(Device& d) {
       continue;
     }
     float ms = 0;
-    driver.cuEventElapsedTime(&ms, unmap.start, unmap.done);
+    if (unmap.start != nullptr) driver.cuEventElapsedTime(&ms, unmap.start, unmap.done);
     Slot* slot = nullptr;
     CUdeviceptr slot_va = 0;
     bool keep = false;
@@ -3118,8 +3174,7 @@ void Residency::run_unmapper(Device& d) {
     const bool reclaimed = reclaim(d, unmap, unmap.copied, &slot_va);
     if (!reclaimed) {
       std::lock_guard<std::mutex> lock(mutex_);
-      d.spare_events.push_back(unmap.start);
-      d.spare_events.push_back(unmap.done);
+      give_back_events_locked(d, unmap);
       Entry* e = by_id_locked(unmap.slot);
       if (e != nullptr && !e->forgotten) {
         e->unmapping = true;

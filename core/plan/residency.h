@@ -197,8 +197,10 @@ struct Stats {
   bool device_handshake = false;  // stream memory operations in use
   uint64_t settle_waits = 0;      // first-time work that waited for parked streams (settle)
   double settle_wait_us = 0;
-  uint64_t budget_overshoots = 0;  // device handshake: restores mapped beyond a size budget, with
-                                   // what would make room queued on the device behind them
+  uint64_t budget_overshoots = 0;   // device handshake: restores mapped beyond a size budget, with
+                                    // what would make room queued on the device behind them
+  uint64_t host_path_restores = 0;  // device handshake: restores that took the host path, since an
+                                    // eviction they may count on could not be enqueued ahead
 };
 Stats stats();
 

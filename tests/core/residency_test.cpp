@@ -937,6 +937,77 @@ TEST_F(ResidencyTest, ARestoreAfterAHostPathEvictionDoesNotGoAhead) {
   });
 }
 
+// An eviction with nothing to copy (a slot mapped but never used, as cudaMalloc leaves one) needs
+// no device work: it is unmapped at once, even while another eviction's copy holds the offload
+// stream (stalled 2 s here). Before, it recorded its events on that stream behind the copy and
+// waited for them; on the H200, with streams parked by the device handshake, such events never
+// completed, and the restores counting on the slot's pages never landed.
+TEST_F(ResidencyTest, AnEvictionWithNothingToCopyIsNotQueuedBehindCopies) {
+  configure(4 * kPage);  // the host path: every eviction's copy goes on the offload stream
+  Slot* a = make_slot();
+  fill(a, 51);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  Slot* b = engine().create_slot(0, kPage, /*intercepted=*/true, /*backed=*/true);
+  residency::adopt(b, true);
+  slots_.push_back(b);
+  ASSERT_TRUE(mapped(b));
+  ASSERT_EQ(vaswapSimInjectFault("copy_stall", 1, 2000), 0);  // the next copy to run: a's D2H
+  residency::evict({a}, "plan");
+  const auto start = std::chrono::steady_clock::now();
+  residency::evict({b}, "plan");
+  wait_mapped({b}, false);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited_ms, 1000.0) << "b's eviction waited behind a's stalled copy";
+  EXPECT_TRUE(mapped(a)) << "a's copy was to hold the offload stream meanwhile";
+  for (int i = 0; i < 5000 && mapped(a); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_FALSE(mapped(a));
+  expect_holds(a, 51);
+}
+
+// Device handshake: while an eviction with data waits to be enqueued on the host (its last use was
+// on a stream that captured, so its mark could not be recorded), a restore does not go ahead: if
+// it counted on that eviction's pages, a stream parked on it would wait for work enqueued after
+// the park, which on the H200 did not run. It takes the host path (counted), and its data comes
+// back whole.
+TEST_F(ResidencyTest, ARestoreTakesTheHostPathWhileAnEvictionCannotGoAhead) {
+  on_device(6, [&] {
+    configure(4 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* c = make_slot(6);
+    fill(c, 61);
+    residency::evict({c}, "plan");  // ahead: its copy graphs are made, its D2H enqueued now
+    wait_mapped({c}, false);
+    fill(a, 62);  // a's use on stream_: its mark stays open
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    capture_gate::beginning();
+    ASSERT_CU(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
+    residency::evict({a}, "plan");  // the host path: its D2H waits until the mark is recorded
+    CUgraph graph = nullptr;
+    ASSERT_CU(cuStreamEndCapture(stream_, &graph));
+    capture_gate::closed();
+    ASSERT_CU(cuGraphDestroy(graph));
+    const uint64_t before = residency::stats().host_path_restores;
+    CUstream other = nullptr;
+    ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    std::swap(other, stream_);
+    std::vector<uint32_t> host(kWords, 0);
+    ASSERT_EQ(CUDA_SUCCESS,
+              use({c}, [&] { ASSERT_CU(cuMemcpyDtoHAsync(host.data(), c->va, kPage, stream_)); }));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    std::swap(other, stream_);
+    residency::stream_gone(other);
+    ASSERT_CU(cuStreamDestroy(other));
+    EXPECT_EQ(residency::stats().host_path_restores, before + 1)
+        << "c's restore went ahead while a's eviction could not";
+    EXPECT_EQ(std::count(host.begin(), host.end(), 61u), static_cast<long>(kWords));
+    expect_holds(a, 62);  // a's use on stream_ is closed now: its eviction ends, a comes back
+    expect_holds(c, 61);
+  });
+}
+
 // The copy test (the planner's, before a device's first plan) runs while one of the program's
 // streams is parked on the device (here on a flag written 1.5 s later). It waits for its own stream
 // only: a context-wide synchronize at its end would wait for the parked stream, and under the
