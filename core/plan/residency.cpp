@@ -547,6 +547,9 @@ class Residency {
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
   mutable std::unordered_map<StreamKey, std::vector<FlagWait>, StreamKeyHash> parked_;
+  // Threads in settle(), waiting for no stream to be parked: meanwhile restores park nothing new
+  // (they take the host path), so that the parks drain even while other threads keep launching.
+  int settling_ = 0;
   bool watching_ = false;  // the watchdog runs (started with the first wait on a flag)
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
@@ -1113,7 +1116,7 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
           {
             std::lock_guard<std::mutex> lock(mutex_);
             Entry* e = by_id_locked(job.slot);
-            if (e != nullptr && host_path_evictions_pending_locked(d)) {
+            if (e != nullptr && (settling_ > 0 || host_path_evictions_pending_locked(d))) {
               host_path = true;
               job.ahead = e->ahead = false;
               ++stats_.host_path_restores;
@@ -2238,6 +2241,21 @@ CUresult Residency::settle(const std::string& what, std::string* why) {
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::microseconds(20);
   bool waited = false;
+  struct Settling {  // counted from the first wait until this returns
+    Residency& r;
+    bool counted = false;
+    void count() {
+      if (counted) return;
+      std::lock_guard<std::mutex> lock(r.mutex_);
+      ++r.settling_;
+      counted = true;
+    }
+    ~Settling() {
+      if (!counted) return;
+      std::lock_guard<std::mutex> lock(r.mutex_);
+      --r.settling_;
+    }
+  } settling{*this};
   for (;;) {
     uint64_t limit = 0;
     {
@@ -2257,6 +2275,7 @@ CUresult Residency::settle(const std::string& what, std::string* why) {
       limit = settings_.wait_limit_ns;
     }
     waited = true;
+    settling.count();
     if (trace::now_ns() - start > limit) {
       *why = what + " waited " + std::to_string(limit / 1000000) +
              " ms (residency.wait_limit) for streams parked on restores that did not land; "

@@ -199,8 +199,9 @@ struct Stats {
   double settle_wait_us = 0;
   uint64_t budget_overshoots = 0;   // device handshake: restores mapped beyond a size budget, with
                                     // what would make room queued on the device behind them
-  uint64_t host_path_restores = 0;  // device handshake: restores that took the host path, since an
-                                    // eviction they may count on could not be enqueued ahead
+  uint64_t host_path_restores = 0;  // device handshake: restores that took the host path (an
+                                    // eviction they may count on could not be enqueued ahead, or
+                                    // first-time work waited for parks to drain)
 };
 Stats stats();
 

@@ -562,6 +562,64 @@ TEST_F(ResidencyTest, FirstTimeWorkWaitsUntilNoStreamIsParked) {
   });
 }
 
+// While first-time work waits in settle() for parked streams, other threads' restores park nothing
+// new: they take the host path, so the parks drain however busy the other threads are (four
+// threads capturing and launching on the H200 kept some stream parked past the wait limit). Here
+// the settle waits for a's restore, whose room is held back 300 ms (c's eviction copy stalls); b's
+// restore, decided meanwhile on another stream, takes the host path, and every slot holds its
+// data after.
+TEST_F(ResidencyTest, RestoresParkNothingWhileFirstTimeWorkSettles) {
+  on_device(6, [&] {
+    configure(1 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    Slot* c = make_slot(6);
+    fill(a, 71);
+    fill(b, 72);  // a leaves
+    fill(c, 73);  // b leaves
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a, b}, false);
+    ASSERT_EQ(vaswapSimInjectFault("copy_stall", 1, 300), 0);  // the next copy: c's D2H
+    residency::Acquired acquired;
+    std::string message;
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+    EXPECT_FALSE(acquired.host_waited);  // stream_ is parked on a's restore
+    residency::used(acquired);           // enqueued (nothing reads a here): a is not pinned
+    std::string why;
+    CUresult settled = CUDA_ERROR_UNKNOWN;
+    double settled_ms = 0;
+    std::thread first_time([&] {
+      const auto start = std::chrono::steady_clock::now();
+      settled = residency::settle("a first launch", &why);
+      settled_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the settle is waiting
+    const uint64_t before = residency::stats().host_path_restores;
+    CUstream other = nullptr;
+    ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    residency::Acquired for_b;
+    ASSERT_EQ(CUDA_SUCCESS,
+              residency::acquire({b}, other, "another thread's launch", &for_b, &message))
+        << message;
+    EXPECT_EQ(residency::stats().host_path_restores, before + 1)
+        << "b's restore parked a stream while first-time work waited for none to be";
+    residency::used(for_b);
+    first_time.join();
+    EXPECT_EQ(settled, CUDA_SUCCESS) << why;
+    EXPECT_GE(settled_ms, 200.0) << "the settle did not wait for a's restore";
+    EXPECT_LT(settled_ms, 2000.0);
+    ASSERT_CU(cuStreamSynchronize(other));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    residency::stream_gone(other);
+    ASSERT_CU(cuStreamDestroy(other));
+    expect_holds(a, 71);
+    expect_holds(b, 72);
+    expect_holds(c, 73);
+  });
+}
+
 // A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
 // acquire for one returns only once the slot's pages are mapped again, and the copy, enqueued at
 // once, reads the data back in full.
