@@ -206,6 +206,7 @@ struct Entry {
   // too: that eviction may be called off before its copy (reclaim), and an H2D enqueued ahead
   // would then copy a stale host copy over the slot's live data.
   bool eviction_ahead = false;
+  uint64_t eviction_sequence = 0;  // its latest eviction's place among the device's decisions
 };
 
 enum class JobKind { restore, evict };
@@ -226,6 +227,7 @@ struct Job {
   // mover only maps and writes the flag). An eviction: its D2H between `start` and `done`.
   bool ahead = false;
   CUevent start = nullptr, done = nullptr;
+  uint64_t sequence = 0;  // restore: its place among the device's decisions (Device::decisions)
 };
 
 struct Unmap {
@@ -323,6 +325,7 @@ struct Device {
   uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
+  uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
 };
 
 // An eviction's timing events go back to the device's spares (under the state lock). One that
@@ -422,6 +425,8 @@ class Residency {
   bool parked_locked(const StreamKey& key) const;
   bool held_by_parked_stream_locked(const Entry& e) const;
   bool host_path_evictions_pending_locked(const Device& d) const;
+  // Whether an eviction decided before the `sequence`-th decision is still pending.
+  bool evictions_before_locked(const Device& d, uint64_t sequence) const;
   // Device handshake: an eviction of `e` decided now can enqueue its D2H at once (evict_ahead),
   // on the device behind its last uses and its latest restore: it has no data, or its copy
   // graphs, or the pages to make them with; and its latest restore has landed or work that uses
@@ -870,6 +875,14 @@ bool Residency::host_path_evictions_pending_locked(const Device& d) const {
   });
 }
 
+bool Residency::evictions_before_locked(const Device& d, uint64_t sequence) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&d, sequence](const auto& entry) {
+    const Entry& e = entry.second;
+    return e.device == d.ordinal && e.evictions_done != e.evictions_decided &&
+           e.eviction_sequence < sequence;
+  });
+}
+
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
                                               const std::vector<Entry*>& keep,
                                               bool recorded_only) const {
@@ -903,6 +916,7 @@ void Residency::evict_locked(Entry& e, const char* cause, Actions* out) {
   Device& d = device_locked(e.device);
   e.where = Where::releasing;
   ++e.evictions_decided;
+  e.eviction_sequence = ++d.decisions;
   e.eviction_ahead = false;  // until carry_out enqueues its D2H
   d.committed -= e.pages;
   Job job;
@@ -970,6 +984,7 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   job.ahead = e.ahead;
   job.after_evictions = e.evictions_decided;
   job.with_data = e.has_data;
+  job.sequence = ++d.decisions;
   job.cause = cause;
   job.decided_ns = trace::now_ns();
   out->jobs.push_back(std::move(job));
@@ -2649,9 +2664,13 @@ void Residency::do_restore(Device& d, const Job& job) {
         // Device handshake: the work that would give room back may be queued on the device behind
         // this very restore (a slot the program allocated meanwhile got pages at once, beyond
         // the decision's count; the other evictions wait for uses enqueued after this restore's
-        // wait). With no eviction on its way and nothing to relieve, the restore maps beyond a
+        // wait). With no eviction on its way that was decided before it (one decided after it
+        // may be enqueued behind its wait: on a device where a waiting stream holds back later
+        // work, as the H200 did, it never runs) and nothing to relieve, the restore maps beyond a
         // size budget rather than wait forever; the next decisions evict back under it.
-        if (!ready && d.device_handshake && d.unmaps_in_flight == 0 && relief_failed &&
+        const bool none_before =
+            d.unmaps_in_flight == 0 || (job.ahead && !evictions_before_locked(d, job.sequence));
+        if (!ready && d.device_handshake && none_before && relief_failed &&
             trace::now_ns() - start_ns >
                 std::min<uint64_t>(settings_.wait_limit_ns / 4, kOvershootAfterNs)) {
           ready = true;

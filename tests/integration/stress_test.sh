@@ -12,6 +12,7 @@
 #   4. graphs and eager kernels on the legacy default stream, shared by every thread (as PyTorch
 #      replays graphs on the current stream), captures on each thread's own stream;
 #   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
+#      also on a device where a waiting stream holds back every later operation (as the H200's did),
 #      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
@@ -72,6 +73,13 @@ under legacy 12MiB 24 --legacy
 evictions legacy 24
 extra_conf=",residency.handshake=device" under device_handshake 12MiB 24
 evictions device_handshake 24
+# The same on a device where a waiting stream holds back all work enqueued after it (the
+# simulator's one queue, hidden from vaswap: VASWAP_SIM_SINGLE_QUEUE), which is how the H200 failed
+# this probe under the device handshake (bench/results/copy_h200.md): no eviction or copy a parked
+# stream's restore counts on may be enqueued after the park. The library before 2026-12-02 failed
+# here as there: evictions that never began, first-time work waiting out residency.wait_limit.
+VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_the_device 12MiB 24
+evictions parks_hold_the_device 24
 under copy2d 12MiB 8 --copy2d
 evictions copy2d 8
 python3 - "$tmp/copy2d.jsonl" <<'PY' || fail "copy2d"

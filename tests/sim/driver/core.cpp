@@ -298,8 +298,13 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
       }
     }
     // Read once, at start, as the driver reads it when it creates a context.
+    // VASWAP_SIM_SINGLE_QUEUE=1 gives the same one queue where the program cannot see it in its
+    // environment: a device on which a waiting stream holds back all work enqueued after it, as
+    // the H200 did in the device handshake's failures (bench/results/copy_h200.md).
     const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-    const bool single_queue = connections != nullptr && std::atoi(connections) == 1;
+    const char* hidden = std::getenv("VASWAP_SIM_SINGLE_QUEUE");
+    const bool single_queue = (connections != nullptr && std::atoi(connections) == 1) ||
+                              (hidden != nullptr && std::atoi(hidden) == 1);
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
