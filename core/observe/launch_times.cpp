@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "base/capture_gate.h"
 #include "base/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
@@ -49,6 +50,10 @@ State& state() {
 
 // Past this many untraced launches (a stream that never completes), the oldest are dropped.
 constexpr size_t kMaxPending = 4096;
+// Launches looked at per poll, oldest first: a poll costs a few event queries, not thousands.
+constexpr size_t kPollPerLaunch = 64;
+// Streams remembered for since_us; past this many (streams made and destroyed), forgotten.
+constexpr size_t kMaxStreams = 4096;
 
 void stop(const std::string& why) {
   if (state().on.exchange(false)) {
@@ -93,9 +98,13 @@ void emit(const Driver& driver, const Pending& p) {
   r.emit();
 }
 
-// Streams complete out of order: every completed launch goes, whatever its place.
-void trace_completed_locked(const Driver& driver, State& s) {
-  for (auto it = s.pending.begin(); it != s.pending.end();) {
+// Streams complete out of order: every completed launch among the oldest goes, whatever its
+// place. Not while a capture is open: an event query from a thread in the global capture mode
+// would invalidate another thread's capture (the launches are traced at a later poll).
+void trace_completed_locked(const Driver& driver, State& s, size_t most) {
+  if (capture_gate::open() > 0) return;
+  size_t looked = 0;
+  for (auto it = s.pending.begin(); it != s.pending.end() && looked < most; ++looked) {
     if (completed(driver, *it)) {
       emit(driver, *it);
       it = s.pending.erase(it);
@@ -142,6 +151,7 @@ void end(Timing& timing, CUgraphExec exec, CUstream stream, bool enqueued) {
     p.before_waits = std::move(timing.before_waits);
     p.before_graph = std::move(timing.before_graph);
     p.after = after;
+    if (s.last_end.size() > kMaxStreams) s.last_end.clear();
     std::shared_ptr<Event>& last = s.last_end[p.stream];
     p.previous = std::move(last);
     last = std::move(after);
@@ -149,14 +159,14 @@ void end(Timing& timing, CUgraphExec exec, CUstream stream, bool enqueued) {
     while (s.pending.size() > kMaxPending) s.pending.pop_front();
   }
   timing = Timing{};
-  trace_completed_locked(driver, s);
+  trace_completed_locked(driver, s, kPollPerLaunch);
 }
 
 void finish() {
   if (!enabled()) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  trace_completed_locked(*load_driver(nullptr), s);
+  trace_completed_locked(*load_driver(nullptr), s, s.pending.size());
   s.on.store(false, std::memory_order_release);
 }
 

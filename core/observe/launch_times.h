@@ -8,7 +8,9 @@
 //   since_us:  from the end of the stream's previous timed launch to the first event: the eager
 //              work and host gaps between launches.
 // A diagnostic: three events per launch, recorded by the launching thread; completed launches are
-// traced at later launches and at exit (those still running then are not). Off by default.
+// traced at later launches (up to 64 looked at each time, none while a capture is open: an event
+// query would invalidate another thread's global-mode capture) and at exit (those still running
+// then are not). Off by default.
 #pragma once
 
 #include <cuda.h>

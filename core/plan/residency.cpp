@@ -207,6 +207,9 @@ struct Entry {
   // would then copy a stale host copy over the slot's live data.
   bool eviction_ahead = false;
   uint64_t eviction_sequence = 0;  // its latest eviction's place among the device's decisions
+  // Device handshake: the flag value the restore stream waits for, for this slot's latest restore
+  // that went ahead (a later one may have taken the host path).
+  uint32_t ahead_ready = 0;
 };
 
 enum class JobKind { restore, evict };
@@ -1131,7 +1134,8 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
           {
             std::lock_guard<std::mutex> lock(mutex_);
             Entry* e = by_id_locked(job.slot);
-            if (e != nullptr && (settling_ > 0 || host_path_evictions_pending_locked(d))) {
+            if (e == nullptr) continue;
+            if (settling_ > 0 || host_path_evictions_pending_locked(d)) {
               host_path = true;
               job.ahead = e->ahead = false;
               ++stats_.host_path_restores;
@@ -1140,6 +1144,21 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
               if (it != a.event_waits.end()) {
                 a.event_waits.erase(it);
                 a.host_waits.push_back(e);
+              }
+            } else {
+              // Counted as parked from now, under the lock that saw no settle waiting: a settle
+              // that begins before the wait is enqueued waits for it too.
+              FlagWait wait;
+              wait.flag = e->flag;
+              wait.value = job.ready;
+              wait.slot = job.slot;
+              wait.device = d.ordinal;
+              wait.since = trace::now_ns();
+              parked_[StreamKey{d.ahead_in, 0}].push_back(wait);
+              e->ahead_ready = job.ready;
+              if (!watching_) {
+                watching_ = true;
+                std::thread([this] { run_watchdog(); }).detach();
               }
             }
           }
@@ -1211,9 +1230,11 @@ bool Residency::evict_ahead(Device& d, Job& job) {
     const Entry* e = by_id_locked(job.slot);
     if (e == nullptr) return false;
     exec = e->d2h_exec;
-    if (job.after_restore) {
+    if (job.after_restore && static_cast<int32_t>(e->landed - job.ready) < 0) {
       // The host path's restore records its event only once the mover submits it: then the
       // unmapper waits for it on the host. The graphs made now serve the slot's next moves.
+      // (One that has landed needs no wait: a host-path restore does not make the slot's next
+      // eviction take the host path too, which would send every restore after it there.)
       if (!e->ahead || e->ready_event == nullptr) return false;
       after = e->ready_event;
     }
@@ -1338,20 +1359,6 @@ void Residency::restore_ahead(Device& d, Job& job) {
     return driver.cuStreamWaitValue32(d.ahead_in, flag.device, job.ready, CU_STREAM_WAIT_VALUE_GEQ);
   });
   if (waited != CUDA_SUCCESS) die(cuda_failure("cuStreamWaitValue32", waited, subject));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    FlagWait wait;
-    wait.flag = flag;
-    wait.value = job.ready;
-    wait.slot = job.slot;
-    wait.device = d.ordinal;
-    wait.since = trace::now_ns();
-    parked_[StreamKey{d.ahead_in, 0}].push_back(wait);
-    if (!watching_) {
-      watching_ = true;
-      std::thread([this] { run_watchdog(); }).detach();
-    }
-  }
   if (job.with_data && exec == nullptr) {
     // restore_locked goes ahead only with the slot's H2D graph: never a restore without its data.
     die(subject + ": its data has no copy graph to come back with");
@@ -1533,8 +1540,8 @@ void Residency::forget(Slot* slot) {
   // now skip, with its H2D behind the wait. The slot gets pages for it (the engine unmaps them
   // when it destroys the slot) and the flag is written, so the synchronize below, and that
   // stream, do not wait forever, and the copy lands in pages.
-  const bool unpublished =
-      d.device_handshake && e->ahead && static_cast<int32_t>(e->ready - e->flag.load()) > 0;
+  const bool unpublished = d.device_handshake && e->ahead_ready != 0 &&
+                           static_cast<int32_t>(e->ahead_ready - e->flag.load()) > 0;
   const bool map_now = unpublished && !e->mapped;
   std::vector<CUgraphExec> copy_graphs = {e->d2h_exec, e->h2d_exec};
   // Eager copies and memsets made as graphs that name it go too.

@@ -69,8 +69,14 @@ assert s["peak_used"] <= 100 * MiB, s
 assert s["peak_without_releases"] > 100 * MiB, s  # what it needed without vaswap
 assert s["evictions"] > 0 and s["oom_launches"] == 0 and s["errors"] == 0, s
 # The default where stream memory operations work (docs/PLANNER.md, "Handshakes"): the
-# thread of the application never waited for a restore.
-assert s["handshake"] == "device" and s["waits"] == 0 and s["wait_us"] == 0, s
+# thread of the application never waited for a restore once the plan was in force. Before it,
+# while the demo captures, a restore decided while an eviction with data could not go ahead
+# (its last uses on the capturing stream) takes the host path, and its thread may wait for it.
+assert s["handshake"] == "device", s
+plan = next(e for e in ev if e["ev"] == "plan")
+waited = [e for e in ev if e["ev"] == "restore_wait" and e["host_wait"]]
+assert all(e["t_ns"] < plan["t_ns"] for e in waited), waited
+assert not waited or s["host_path_restores"] > 0, (len(waited), s)
 first = next(e for e in ev if e["ev"] == "slot_create")
 assert first["backed"] is False, "a slot made during a capture got pages at once"
 used, needed, n = s["peak_used"] / MiB, s["peak_without_releases"] / MiB, s["evictions"]
