@@ -230,7 +230,8 @@ struct Job {
   // mover only maps and writes the flag). An eviction: its D2H between `start` and `done`.
   bool ahead = false;
   CUevent start = nullptr, done = nullptr;
-  uint64_t sequence = 0;  // restore: its place among the device's decisions (Device::decisions)
+  CUstream out = nullptr;  // evict: the stream its D2H went on
+  uint64_t sequence = 0;   // restore: its place among the device's decisions (Device::decisions)
 };
 
 struct Unmap {
@@ -251,6 +252,7 @@ struct Unmap {
   bool submitted = false;
   bool failed = false;  // the copy could not be enqueued: the slot stays resident
   CUevent start = nullptr, done = nullptr;
+  CUstream out = nullptr;      // the stream of its copy: the offload stream unless enqueued ahead
   uint64_t waiting_since = 0;  // the unmapper began to wait for it (residency.wait_limit)
 };
 
@@ -307,6 +309,12 @@ struct Device {
   // whose last uses have not completed would otherwise hold back the evictions decided after it,
   // which a restore waiting for room may need (the stress suite deadlocked so).
   std::vector<CUstream> ahead_out;
+  // The latest eviction enqueued ahead: its stream and what its D2H waits for. One decided next
+  // with the same waits goes behind it on that stream, so that their copies follow each other on
+  // the link rather than share it and all end late (the first room comes a copy sooner). Under
+  // submit_.
+  CUstream last_out = nullptr;
+  std::vector<MarkRef> last_out_waits;
   CUstream ahead_in = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
@@ -1241,7 +1249,12 @@ bool Residency::evict_ahead(Device& d, Job& job) {
   }
   const Driver& driver = drv();
   const std::string subject = "the eviction of " + slot->describe();
-  const CUstream out = idle_out_stream(d);
+  const bool same_waits = after == nullptr && d.last_out != nullptr &&
+                          std::is_permutation(job.waits.begin(), job.waits.end(),
+                                              d.last_out_waits.begin(), d.last_out_waits.end());
+  const CUstream out = same_waits ? d.last_out : idle_out_stream(d);
+  d.last_out = after == nullptr ? out : nullptr;
+  d.last_out_waits = job.waits;
   const auto wait_for = [&](CUevent event) {
     const CUresult rc = with_retries([&] { return driver.cuStreamWaitEvent(out, event, 0); });
     if (rc != CUDA_SUCCESS) die(cuda_failure("cuStreamWaitEvent", rc, subject));
@@ -1250,6 +1263,7 @@ bool Residency::evict_ahead(Device& d, Job& job) {
   if (after != nullptr) wait_for(after);
   job.start = spare_event(d);
   job.done = spare_event(d);
+  job.out = out;
   record_or_die(driver, job.start, out, subject);
   const CUresult rc = with_retries([&] { return driver.cuGraphLaunch(exec, out); });
   if (rc != CUDA_SUCCESS) {
@@ -2844,6 +2858,7 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.submitted = job.ahead;
     unmap.start = job.start;
     unmap.done = job.done;
+    unmap.out = job.ahead ? job.out : d.offload;
     unmap.queued_ns = trace::now_ns();
     ++d.unmaps_in_flight;
     d.unmaps.push_back(std::move(unmap));
@@ -3072,7 +3087,7 @@ void Residency::run_completions(Device& d, std::deque<Copied>& copies, const cha
           .hex("va", copied.va)
           .add("bytes", copied.bytes)
           .add("device", d.ordinal)
-          .hex("stream", stream_id(d.restore))
+          .hex("stream", stream_id(copied.ahead ? d.ahead_in : d.restore))
           .add("batch", copied.slot)
           .add("dur_us", static_cast<double>(ms) * 1e3)
           .emit();
@@ -3182,7 +3197,9 @@ void Residency::run_unmapper(Device& d) {
         break;
       }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
+      // A restore may be waiting for these pages: the copy's end is seen within 50 us of it
+      // (up to 200 us added to each room's arrival before).
+      pause = std::min(pause * 2, std::chrono::microseconds(50));
     }
     if (rc == CUDA_ERROR_NOT_READY) continue;  // another one's copy ended: it goes first
     if (rc != CUDA_SUCCESS) {
@@ -3252,7 +3269,7 @@ void Residency::run_unmapper(Device& d) {
             .add("slot", unmap.slot)
             .add("bytes", unmap.bytes)
             .add("device", d.ordinal)
-            .hex("stream", stream_id(d.offload))
+            .hex("stream", stream_id(unmap.out != nullptr ? unmap.out : d.offload))
             .add("batch", unmap.slot)
             .add("dur_us", static_cast<double>(ms) * 1e3)
             .emit();

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -1023,6 +1024,46 @@ TEST_F(ResidencyTest, AnEvictionWithNothingToCopyIsNotQueuedBehindCopies) {
   }
   EXPECT_FALSE(mapped(a));
   expect_holds(a, 51);
+}
+
+// Device handshake: evictions decided together whose copies wait for the same last uses go on one
+// stream, one after the other, so that the first room comes after one copy rather than after all
+// of them sharing the link (on the H200 the plan's releases at one position were on as many
+// streams). One waiting for other uses goes on a stream of its own, so that it holds back no copy
+// that could run (here every copy waits behind a closed gate on the program's stream).
+TEST_F(ResidencyTest, EvictionsWaitingForTheSameUsesCopyOnOneStream) {
+  configure(8 * kPage, 0, residency::Handshake::device);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  const std::string path = open_trace("one_stream");
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(stream_, Gate::wait_fn, &gate));
+  ASSERT_EQ(CUDA_SUCCESS, use({a, b}, [&] {
+              ASSERT_CU(cuMemsetD32Async(a->va, 61, kWords, stream_));
+              ASSERT_CU(cuMemsetD32Async(b->va, 62, kWords, stream_));
+            }));
+  residency::evict({a, b}, "plan");
+  fill(c, 63);
+  residency::evict({c}, "plan");
+  gate.release();
+  wait_mapped({a, b, c}, false);
+  trace::close();
+  std::map<uint64_t, std::string> stream_of;  // slot -> its D2H's stream
+  std::ifstream in(path);
+  std::string line;
+  const std::regex d2h(R"re("ev":"d2h".*"slot":(\d+),.*"stream":"(0x[0-9a-f]+)")re");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, d2h)) stream_of[std::stoull(m[1])] = m[2];
+  }
+  std::remove(path.c_str());
+  ASSERT_EQ(stream_of.size(), 3u) << "one D2H per slot";
+  EXPECT_EQ(stream_of[a->id], stream_of[b->id]);
+  EXPECT_NE(stream_of[c->id], stream_of[a->id]);
+  expect_holds(a, 61);
+  expect_holds(b, 62);
+  expect_holds(c, 63);
 }
 
 // Device handshake: while an eviction with data waits to be enqueued on the host (its last use was
