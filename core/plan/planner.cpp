@@ -366,6 +366,13 @@ void Planner::plan(Learned& learned, uint64_t generation) {
     releases[static_cast<size_t>(w.release_at)].push_back(slot);
     restores[static_cast<size_t>(w.restore_at)].push_back(slot);
   }
+  // Releases issued together, the smallest first: their D2Hs follow each other on the link, so
+  // the first room comes soonest (the schedule's replay assumes this order).
+  for (std::vector<Slot*>& at : releases) {
+    std::stable_sort(at.begin(), at.end(), [](const Slot* a, const Slot* b) {
+      return a->mapped_bytes < b->mapped_bytes;
+    });
+  }
   executor_.install(++counters_.plans, std::move(releases), std::move(restores));
   set_phase(Phase::steady);
   if (!trace::enabled()) return;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,8 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 // (cuMemSetAccess 690 us for a 128 MiB region against 270 us for map and unmap in the test).
 constexpr double kCopyMargin = 1.25;
 constexpr double kRemapMargin = 3.0;
+// Below this a replayed set's restore time is rounding, not a copy that shows.
+constexpr double kShowsNothingUs = 1.0;
 
 // One direction of the link, on a circle of one period: it carries one copy at a time (vaswap's
 // copies in one direction run on one stream, in order).
@@ -62,12 +65,26 @@ struct Candidate {
   double away_from = 0, away_to = 0;    // unrolled: released to mapped again
   double d2h_start = 0, h2d_start = 0;  // where the copies sit on the links
   double benefit = 0;
+  // Unrolled positions (last use in [0, n)): where the release and the restore are issued, and
+  // the next use. The replay reads these.
+  int release_pos = 0, restore_pos = 0, use_pos = 0;
+};
+
+// What the taken windows do together, replayed in time (Chooser::replay).
+struct Replay {
+  double exposed_us = 0;     // one steady period's restore time that shows
+  std::vector<double> each;  // per window of the set, in its order
 };
 
 class Chooser {
  public:
-  Chooser(const Period& period, const Model& model, const Knobs& knobs)
-      : p_(period), model_(model), knobs_(knobs), d2h_(period.length_us), h2d_(period.length_us) {}
+  Chooser(const Period& period, const Model& model, const Knobs& knobs, uint64_t total_pages)
+      : p_(period),
+        model_(model),
+        knobs_(knobs),
+        total_pages_(total_pages),
+        d2h_(period.length_us),
+        h2d_(period.length_us) {}
 
   double time_of(int unrolled) const {
     const int n = static_cast<int>(p_.start_us.size());
@@ -152,7 +169,119 @@ class Chooser {
     c.benefit = static_cast<double>(c.pages) * std::max(0.0, w.freed_us);
     c.d2h_start = d2h_start;
     c.h2d_start = h2d_start;
+    c.release_pos = release;
+    c.restore_pos = chosen.at;
+    c.use_pos = v;
     return c;
+  }
+
+  // The windows of `set` together, as residency carries them out, in time: each release's D2H
+  // waits for its release point and for the D2H before it (one link, in order); its pages leave
+  // when it ends and the unmap is done. Each restore, in the order issued, maps only once its
+  // own release is done and the pages resident would stay within the budget, the map done; its
+  // H2D then waits for the one before it. What lands after the next use begins shows. Evaluated
+  // one at a time (evaluate()), a restore's room is assumed to come from a release of its size at
+  // its own position; here it comes from the releases actually taken, which queue on the link: a
+  // restore that counts on the D2Hs of releases issued just before it shows here, not there.
+  // Three periods from a steady start (what wraps past the period's end is away at its start);
+  // the last one is measured. The device's own timeline is not delayed by a late restore.
+  Replay replay(const std::vector<const Candidate*>& set) const {
+    struct Release {
+      double ready = 0, dur = 0;
+      uint64_t pages = 0;
+      size_t index = 0;  // into `moves`
+    };
+    struct Move {  // one window's occurrence in one period
+      size_t window = 0;
+      int period = 0;
+      double released = kNever;  // when its pages left (kNever: released before the replay)
+      double issued = 0, need = 0, dur = 0;
+      uint64_t pages = 0;
+      bool away_at_start = false;
+    };
+    constexpr int kFirst = -1, kLast = 1;
+    const double length = p_.length_us;
+    const double start = kFirst * length;
+    const double half_remap = kRemapMargin * model_.remap_us / 2;
+    std::vector<Move> moves;
+    std::vector<Release> releases;
+    uint64_t resident = total_pages_;
+    for (size_t i = 0; i < set.size(); ++i) {
+      const Candidate& c = *set[i];
+      for (int k = kFirst - 1; k <= kLast; ++k) {
+        const double shift = k * length;
+        Move m;
+        m.window = i;
+        m.period = k;
+        m.issued = time_of(c.restore_pos) + shift;
+        m.need = time_of(c.use_pos) + shift;
+        m.dur = kCopyMargin * model_.h2d_us(c.bytes);
+        m.pages = c.pages;
+        const double release_at = time_of(c.release_pos) + shift;
+        if (m.issued < start) continue;  // back before the replay begins
+        if (release_at < start) {
+          m.away_at_start = true;
+          resident -= std::min(resident, c.pages);
+        } else {
+          releases.push_back(
+              {release_at, kCopyMargin * model_.d2h_us(c.bytes), c.pages, moves.size()});
+        }
+        moves.push_back(m);
+      }
+    }
+    // Released at one point, the smallest copy first: the order in which residency issues them.
+    std::sort(releases.begin(), releases.end(), [](const Release& a, const Release& b) {
+      return a.ready != b.ready ? a.ready < b.ready : a.pages < b.pages;
+    });
+    std::vector<std::pair<double, uint64_t>> freed;  // (when, pages), in time order
+    double link = -kNever;
+    for (const Release& r : releases) {
+      const double begin = std::max(r.ready, link);
+      link = begin + r.dur;
+      moves[r.index].released = link + half_remap;
+      freed.emplace_back(link + half_remap, r.pages);
+    }
+    std::sort(freed.begin(), freed.end());
+    std::vector<size_t> order(moves.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&moves](size_t a, size_t b) {
+      return moves[a].issued != moves[b].issued ? moves[a].issued < moves[b].issued
+                                                : moves[a].need < moves[b].need;
+    });
+    Replay out;
+    out.each.assign(set.size(), 0.0);
+    const uint64_t budget = knobs_.budget_pages;
+    size_t next_freed = 0;
+    uint64_t freed_sum = 0, mapped_sum = 0;
+    double mover = -kNever, h2d_link = -kNever;
+    const auto resident_now = [&] {
+      const uint64_t held = resident + mapped_sum;
+      return held > freed_sum ? held - freed_sum : 0;
+    };
+    for (size_t index : order) {
+      const Move& m = moves[index];
+      double t = std::max(m.issued, mover);
+      if (!m.away_at_start) t = std::max(t, m.released);
+      while (next_freed < freed.size() && freed[next_freed].first <= t) {
+        freed_sum += freed[next_freed++].second;
+      }
+      // Room: wait for the next release to end while these pages would not fit. None left to
+      // wait for: residency maps beyond the budget (budget_overshoots), so does the replay.
+      while (resident_now() + m.pages > budget && next_freed < freed.size()) {
+        t = std::max(t, freed[next_freed].first);
+        freed_sum += freed[next_freed++].second;
+      }
+      mapped_sum += m.pages;
+      mover = t;
+      const double begin = std::max(t + half_remap, h2d_link);
+      h2d_link = begin + m.dur;
+      if (m.period == kLast) {
+        const double shows = std::max(0.0, h2d_link - m.need);
+        out.each[m.window] += shows;
+        out.exposed_us += shows;
+      }
+    }
+    return out;
   }
 
   void take(const Candidate& c) {
@@ -190,6 +319,7 @@ class Chooser {
   const Period& p_;
   const Model& model_;
   const Knobs& knobs_;
+  uint64_t total_pages_;
   Link d2h_, h2d_;
   std::vector<Candidate> taken_;
 };
@@ -205,6 +335,112 @@ std::vector<int> away_positions(const Window& w, int n) {
   out.reserve(static_cast<size_t>(length));
   for (int k = 0; k < length; ++k) out.push_back((w.release_at + k) % n);
   return out;
+}
+
+// How windows are taken, each in the sorted order and each only while some position it keeps
+// away is still over the budget: `in_order` takes each as it comes; `nothing_shown_first` first
+// only those that add nothing to what the taken set shows (replayed together), then the rest;
+// `least_shown` each time the one that adds least, the earliest in the order among equals.
+enum class Way { in_order, nothing_shown_first, least_shown };
+
+// `least_shown` replays every remaining candidate per window taken.
+constexpr size_t kLeastShownCandidates = 512;
+
+struct Selection {
+  Chooser chooser;
+  std::vector<int64_t> over;  // per position, pages over the budget with the windows taken
+  Replay replayed;
+  uint64_t moved_bytes = 0;
+
+  int64_t worst() const { return *std::max_element(over.begin(), over.end()); }
+  bool better_than(const Selection& other) const {
+    const int64_t mine = std::max<int64_t>(0, worst()),
+                  theirs = std::max<int64_t>(0, other.worst());
+    if (mine != theirs) return mine < theirs;
+    if (std::abs(replayed.exposed_us - other.replayed.exposed_us) > kShowsNothingUs) {
+      return replayed.exposed_us < other.replayed.exposed_us;
+    }
+    return moved_bytes < other.moved_bytes;
+  }
+};
+
+Selection select(const Period& period, const Model& model, const Knobs& knobs, uint64_t total_pages,
+                 const std::vector<Candidate>& sorted, Way way) {
+  const int n = static_cast<int>(period.start_us.size());
+  Selection s{Chooser(period, model, knobs, total_pages),
+              std::vector<int64_t>(static_cast<size_t>(n),
+                                   static_cast<int64_t>(total_pages - knobs.budget_pages)),
+              {},
+              0};
+  std::vector<const Candidate*> set;  // s.chooser.taken(), as the replay reads it
+  // The candidate placed on the links as they are now; nullopt when it frees nothing or keeps
+  // away no position still over the budget.
+  const auto placed = [&](const Candidate& first) -> std::optional<Candidate> {
+    const int v = first.window.next_use <= first.window.last_use ? first.window.next_use + n
+                                                                 : first.window.next_use;
+    Candidate c = s.chooser.evaluate(first.window.region, first.window.last_use, v);
+    if (c.window.freed_us <= 0) return std::nullopt;
+    const std::vector<int> away = away_positions(c.window, n);
+    const bool helps = std::any_of(away.begin(), away.end(),
+                                   [&s](int q) { return s.over[static_cast<size_t>(q)] > 0; });
+    if (!helps) return std::nullopt;
+    return c;
+  };
+  const auto shown_with = [&](const Candidate& c) {
+    std::vector<const Candidate*> with = set;
+    with.push_back(&c);
+    return s.chooser.replay(with);
+  };
+  const auto take = [&](const Candidate& c, const Replay& replayed) {
+    s.chooser.take(c);
+    set.clear();  // taken() grew: its elements may have moved
+    for (const Candidate& taken : s.chooser.taken()) set.push_back(&taken);
+    s.replayed = replayed;
+    s.moved_bytes += c.bytes;
+    for (int q : away_positions(c.window, n)) {
+      s.over[static_cast<size_t>(q)] -= static_cast<int64_t>(c.pages);
+    }
+  };
+  if (way == Way::least_shown) {
+    std::vector<bool> used(sorted.size(), false);
+    for (;;) {
+      std::optional<Candidate> pick;
+      Replay pick_replayed;
+      size_t pick_index = 0;
+      for (size_t i = 0; i < sorted.size(); ++i) {
+        if (used[i]) continue;
+        std::optional<Candidate> c = placed(sorted[i]);
+        if (!c) continue;
+        Replay replayed = shown_with(*c);
+        if (!pick || replayed.exposed_us < pick_replayed.exposed_us - kShowsNothingUs) {
+          pick = c;
+          pick_replayed = std::move(replayed);
+          pick_index = i;
+        }
+      }
+      if (!pick) break;
+      used[pick_index] = true;
+      take(*pick, pick_replayed);
+    }
+    return s;
+  }
+  std::vector<size_t> deferred;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    std::optional<Candidate> c = placed(sorted[i]);
+    if (!c) continue;
+    Replay replayed = shown_with(*c);
+    if (way == Way::nothing_shown_first &&
+        replayed.exposed_us > s.replayed.exposed_us + kShowsNothingUs) {
+      deferred.push_back(i);
+      continue;
+    }
+    take(*c, replayed);
+  }
+  for (size_t i : deferred) {
+    std::optional<Candidate> c = placed(sorted[i]);
+    if (c) take(*c, shown_with(*c));
+  }
+  return s;
 }
 
 }  // namespace
@@ -237,48 +473,50 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
     plan.reason = "the period's slots fit the budget: nothing has to leave";
     return plan;
   }
-  Chooser chooser(period, model, knobs);
+  const Chooser first(period, model, knobs, plan.total_pages);
   std::vector<Candidate> candidates;
   for (size_t r = 0; r < uses.size(); ++r) {
     const auto& list = uses[r];
     for (size_t k = 0; k < list.size(); ++k) {
       const int u = list[k];
       const int v = k + 1 < list.size() ? list[k + 1] : list[0] + n;
-      Candidate c = chooser.evaluate(static_cast<int>(r), u, v);
+      Candidate c = first.evaluate(static_cast<int>(r), u, v);
       ++plan.candidates;
       if (c.window.freed_us > 0) candidates.push_back(c);
     }
   }
-  // Windows the link hides before those it cannot; among each, the most pages away for the
-  // longest first. Each is placed on the links as they fill, and taken while some position it
-  // covers is still over the budget.
+  // Windows the link hides alone before those it cannot; among each, the most pages away for the
+  // longest first.
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      const bool ha = a.window.exposed_us > 0, hb = b.window.exposed_us > 0;
                      return ha != hb ? !ha : a.benefit > b.benefit;
                    });
-  std::vector<int64_t> over(static_cast<size_t>(n),
-                            static_cast<int64_t>(plan.total_pages - knobs.budget_pages));
-  for (const Candidate& first : candidates) {
-    const Candidate c =
-        chooser.evaluate(first.window.region, first.window.last_use,
-                         first.window.next_use <= first.window.last_use ? first.window.next_use + n
-                                                                        : first.window.next_use);
-    if (c.window.freed_us <= 0) continue;
-    const std::vector<int> away = away_positions(c.window, n);
-    const bool helps = std::any_of(away.begin(), away.end(),
-                                   [&over](int q) { return over[static_cast<size_t>(q)] > 0; });
-    if (!helps) continue;
-    chooser.take(c);
-    plan.exposed_us += c.window.exposed_us;
-    for (int q : away) over[static_cast<size_t>(q)] -= static_cast<int64_t>(c.pages);
+  // Each way of choosing gives a set that meets the budget where it can; the replay says what each
+  // set shows together, and the one that leaves least over the budget, then shows least, then
+  // moves least, is the plan. No one way is best for every period: taking first what shows
+  // nothing can leave the budget's last positions to windows that show more.
+  std::vector<Selection> tried;
+  for (const Way way : {Way::in_order, Way::nothing_shown_first, Way::least_shown}) {
+    if (way == Way::least_shown && candidates.size() > kLeastShownCandidates) continue;
+    tried.push_back(select(period, model, knobs, plan.total_pages, candidates, way));
   }
-  for (const Candidate& c : chooser.taken()) plan.windows.push_back(c.window);
+  size_t best = 0;
+  for (size_t i = 1; i < tried.size(); ++i) {
+    if (tried[i].better_than(tried[best])) best = i;
+  }
+  const Selection& chosen = tried[best];
+  plan.exposed_us = chosen.replayed.exposed_us;
+  for (size_t i = 0; i < chosen.chooser.taken().size(); ++i) {
+    Window w = chosen.chooser.taken()[i].window;
+    w.exposed_us = chosen.replayed.each[i];  // what it shows with the others: the replay's
+    plan.windows.push_back(w);
+  }
   std::sort(plan.windows.begin(), plan.windows.end(), [](const Window& a, const Window& b) {
     return a.region != b.region ? a.region < b.region : a.last_use < b.last_use;
   });
-  plan.peak_bytes = chooser.peak_with(nullptr);
-  const int64_t worst = *std::max_element(over.begin(), over.end());
+  plan.peak_bytes = chosen.chooser.peak_with(nullptr);
+  const int64_t worst = chosen.worst();
   plan.resident_peak = static_cast<uint64_t>(static_cast<int64_t>(knobs.budget_pages) + worst);
   if (worst > 0) {
     plan.short_pages = static_cast<uint64_t>(worst);

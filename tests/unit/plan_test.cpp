@@ -223,6 +223,33 @@ TEST(Choose, RestoresForOneUseAreIssuedApartSoTheLinkHidesEach) {
   EXPECT_DOUBLE_EQ(plan.exposed_us, 0.0) << plan.reason;
 }
 
+TEST(Choose, ARestoreShowsWhenItsRoomComesFromALargerRelease) {
+  // Eight 4 ms launches, 256 MiB of regions and a 192 MiB budget: 64 MiB away at every position.
+  // Region 0 (64 MiB) is used at 1 and 6, region 1 (64 MiB) at 3 and 5, region 2 (128 MiB) at 0
+  // and 4. Region 0 is away from 2 and restored at 5 for its use at 6. Alone, its room would come
+  // from a release of its own size at 5 (1.68 ms of D2H with the margin), then its map and its
+  // 1.68 ms copy: within the 4 ms. But what leaves at 5 is region 2, and until its 3.36 ms D2H
+  // ends the device holds regions 1 and 2, the whole budget: the copy lands 1.33 ms into the use.
+  // Replayed with the other windows, the plan says so (before, it said nothing would show).
+  const Period p =
+      evenly(8, 4000, {{2}, {0}, {}, {1}, {2}, {1}, {0}, {}}, {64 * kMiB, 64 * kMiB, 128 * kMiB});
+  Knobs knobs = budget(192 * kMiB);
+  knobs.prefetch_distance = 1;
+  const Plan plan = choose(p, link(50, 100), knobs);
+  ASSERT_EQ(plan.short_pages, 0u) << plan.reason;
+  const auto w = std::find_if(plan.windows.begin(), plan.windows.end(),
+                              [](const Window& x) { return x.region == 0 && x.last_use == 1; });
+  ASSERT_NE(w, plan.windows.end()) << plan.reason;
+  EXPECT_EQ(w->release_at, 2);
+  EXPECT_EQ(w->restore_at, 5);
+  // Region 2's D2H from 20 ms, its unmap, region 0's map, then its copy; the use begins at 24 ms.
+  const double d2h = 1.25 * (128.0 * kMiB) / 50e3, h2d = 1.25 * (64.0 * kMiB) / 50e3;
+  const double lands = 20000 + d2h + 150 + 150 + h2d;
+  EXPECT_NEAR(w->exposed_us, lands - 24000, 1.0);
+  EXPECT_NEAR(plan.exposed_us, w->exposed_us, 1.0) << "the other windows hide their copies";
+  EXPECT_NE(plan.reason.find("cannot hide"), std::string::npos) << plan.reason;
+}
+
 TEST(Choose, UnusedRegionsAreNeverOffloaded) {
   const Period p = evenly(4, 10000, {{0}, {}, {}, {}}, {8 * kMiB, 8 * kMiB});
   const Plan plan = choose(p, link(50, 100), budget(4 * kMiB));
