@@ -3201,7 +3201,8 @@ void Residency::run_unmapper(Device& d) {
       // (up to 200 us added to each room's arrival before).
       pause = std::min(pause * 2, std::chrono::microseconds(50));
     }
-    if (rc == CUDA_ERROR_NOT_READY) continue;  // another one's copy ended: it goes first
+    if (rc == CUDA_ERROR_NOT_READY) continue;   // another one's copy ended: it goes first
+    const uint64_t ended_ns = trace::now_ns();  // the copy's end, seen within the poll's pause
     if (rc != CUDA_SUCCESS) {
       die(wait_failure(rc, timed_out,
                        "the eviction of slot " + std::to_string(unmap.slot) + " on device " +
@@ -3264,8 +3265,7 @@ void Residency::run_unmapper(Device& d) {
       if (trace::enabled()) {
         trace::Record(trace::Event::d2h)
             .hex("va", slot_va)
-            .at(unmap.queued_ns -
-                std::min<uint64_t>(unmap.queued_ns, static_cast<uint64_t>(ms * 1e6f)))
+            .at(ended_ns - std::min<uint64_t>(ended_ns, static_cast<uint64_t>(ms * 1e6f)))
             .add("slot", unmap.slot)
             .add("bytes", unmap.bytes)
             .add("device", d.ordinal)

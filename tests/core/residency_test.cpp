@@ -1030,7 +1030,9 @@ TEST_F(ResidencyTest, AnEvictionWithNothingToCopyIsNotQueuedBehindCopies) {
 // stream, one after the other, so that the first room comes after one copy rather than after all
 // of them sharing the link (on the H200 the plan's releases at one position were on as many
 // streams). One waiting for other uses goes on a stream of its own, so that it holds back no copy
-// that could run (here every copy waits behind a closed gate on the program's stream).
+// that could run (here every copy waits behind a closed gate on the program's stream). Each
+// copy's trace event is placed when it ran: after the gate opened (before, the unmapper placed it
+// counting back from when the eviction was queued, long before the copy ran).
 TEST_F(ResidencyTest, EvictionsWaitingForTheSameUsesCopyOnOneStream) {
   configure(8 * kPage, 0, residency::Handshake::device);
   Slot* a = make_slot();
@@ -1046,16 +1048,20 @@ TEST_F(ResidencyTest, EvictionsWaitingForTheSameUsesCopyOnOneStream) {
   residency::evict({a, b}, "plan");
   fill(c, 63);
   residency::evict({c}, "plan");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const uint64_t opened_ns = trace::now_ns();
   gate.release();
   wait_mapped({a, b, c}, false);
   trace::close();
   std::map<uint64_t, std::string> stream_of;  // slot -> its D2H's stream
   std::ifstream in(path);
   std::string line;
-  const std::regex d2h(R"re("ev":"d2h".*"slot":(\d+),.*"stream":"(0x[0-9a-f]+)")re");
+  const std::regex d2h(R"re("t_ns":(\d+),"ev":"d2h".*"slot":(\d+),.*"stream":"(0x[0-9a-f]+)")re");
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_search(line, m, d2h)) stream_of[std::stoull(m[1])] = m[2];
+    if (!std::regex_search(line, m, d2h)) continue;
+    stream_of[std::stoull(m[2])] = m[3];
+    EXPECT_GE(std::stoull(m[1]), opened_ns) << "a D2H placed before it could run: " << line;
   }
   std::remove(path.c_str());
   ASSERT_EQ(stream_of.size(), 3u) << "one D2H per slot";
