@@ -2353,13 +2353,19 @@ void Residency::run_watchdog() {
         for (const FlagWait& w : parked_.at(key)) {
           if (now - w.since <= limit) continue;
           bool queued = false;  // the restore not yet taken by the mover
+          uint64_t moving = 0;  // the slot whose restore the mover carries out now
           auto d = devices_.find(w.device);
           if (d != devices_.end()) {
             queued =
                 std::any_of(d->second->jobs.begin(), d->second->jobs.end(), [&w](const Job& job) {
                   return job.kind == JobKind::restore && job.slot == w.slot;
                 });
+            moving = d->second->moving;
           }
+          const std::string mover_at =
+              moving != 0 && moving != w.slot
+                  ? " (the mover is at the restore of slot " + std::to_string(moving) + ")"
+                  : "";
           // The flag is written once the mover has mapped the slot's pages.
           stalled = "vaswap's restore stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
                     " has waited on the device (CUDA_ERROR_LAUNCH_TIMEOUT) for " +
@@ -2368,8 +2374,8 @@ void Residency::run_watchdog() {
                     std::to_string(w.slot) + " on device " + std::to_string(w.device) +
                     ", whose flag holds " + std::to_string(w.flag.load()) + " and not yet " +
                     std::to_string(w.value) +
-                    (queued ? "; the restore still waits for vaswap's mover"
-                            : "; the mover took it up and has not mapped the pages") +
+                    (queued ? "; the restore still waits for vaswap's mover" + mover_at
+                            : "; the mover took it up and has not mapped the pages" + mover_at) +
                     ", and the launches that use the slot wait for its copy (device handshake: "
                     "docs/PLANNER.md, \"Handshakes\"; the host handshake, "
                     "residency.handshake=host, parks no stream)";
@@ -2392,18 +2398,18 @@ void Residency::run_watchdog() {
       for (const auto& [ordinal, d] : devices_) {
         log().debug(
             "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight, the "
-            "unmapper at slot {})",
+            "unmapper at slot {}, the mover at slot {})",
             ordinal, d->committed, d->physical, d->lent, d->jobs.size(), d->unmaps.size(),
-            d->unmaps_in_flight, d->unmapping);
+            d->unmaps_in_flight, d->unmapping, d->moving);
         for (const Job& job : d->jobs) {
           size_t open = 0, running = 0;
           for (const MarkRef& m : job.waits) {
             open += m->closed() ? 0 : 1;
             running += m->closed() && !m->complete(drv()) ? 1 : 0;
           }
-          log().debug("  job: {} slot {} waits {} ({} open, {} running)",
+          log().debug("  job: {} slot {} waits {} ({} open, {} running) ahead {} sequence {}",
                       job.kind == JobKind::restore ? "restore" : "evict", job.slot,
-                      job.waits.size(), open, running);
+                      job.waits.size(), open, running, job.ahead, job.sequence);
         }
       }
       for (const auto& [key, waits] : parked_) {
@@ -2416,10 +2422,11 @@ void Residency::run_watchdog() {
       }
       for (const auto& [slot, e] : entries_) {
         log().debug(
-            "slot {}: where {} mapped {} evictions {}/{} ready {} flag {} landed {} ahead {} pins "
-            "{} busy {} graphs {}",
+            "slot {}: where {} mapped {} evictions {}/{} (the last decided at {}) ready {} flag {} "
+            "landed {} ahead {} pins {} busy {} graphs {}",
             e.id, static_cast<int>(e.where), e.mapped, e.evictions_done, e.evictions_decided,
-            e.ready, *e.flag.host, e.landed, e.ahead, e.pins, e.busy, e.d2h_exec != nullptr);
+            e.eviction_sequence, e.ready, *e.flag.host, e.landed, e.ahead, e.pins, e.busy,
+            e.d2h_exec != nullptr);
       }
     }
   }
@@ -2689,8 +2696,14 @@ void Residency::do_restore(Device& d, const Job& job) {
         // may be enqueued behind its wait: on a device where a waiting stream holds back later
         // work, as the H200 did, it never runs) and nothing to relieve, the restore maps beyond a
         // size budget rather than wait forever; the next decisions evict back under it.
+        // The same for a restore that took the host path (no copy graphs yet, a host-path
+        // eviction pending, a settle): it parks no stream itself, but the restores decided after
+        // it queue behind it here, and an eviction decided after it may be enqueued behind their
+        // waits (the stress probe under VASWAP_SIM_SINGLE_QUEUE=1, about one run in 20: such a
+        // restore waited for the eviction of a slot whose D2H was held back by the parked
+        // restores behind it, while slots the program allocated meanwhile filled the budget).
         const bool none_before =
-            d.unmaps_in_flight == 0 || (job.ahead && !evictions_before_locked(d, job.sequence));
+            d.unmaps_in_flight == 0 || !evictions_before_locked(d, job.sequence);
         if (!ready && d.device_handshake && none_before && relief_failed &&
             trace::now_ns() - start_ns >
                 std::min<uint64_t>(settings_.wait_limit_ns / 4, kOvershootAfterNs)) {

@@ -80,6 +80,12 @@ evictions device_handshake 24
 # here as there: evictions that never began, first-time work waiting out residency.wait_limit.
 VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_the_device 12MiB 24
 evictions parks_hold_the_device 24
+# The same with 3D peer copies: there a restore that took the host path waited for room that only
+# an eviction decided after it would make, whose copy waited behind the parks of restores queued
+# behind it (about one run in 20 before 2026-12-02; a regression shows here now and then, not
+# every run).
+VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_copy3dpeer 12MiB 24 --copy3dpeer
+evictions parks_hold_copy3dpeer 24
 under copy2d 12MiB 8 --copy2d
 evictions copy2d 8
 python3 - "$tmp/copy2d.jsonl" <<'PY' || fail "copy2d"
