@@ -15,7 +15,6 @@
 #include <functional>
 #include <map>
 #include <numeric>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -1056,12 +1055,20 @@ TEST_F(ResidencyTest, EvictionsWaitingForTheSameUsesCopyOnOneStream) {
   std::map<uint64_t, std::string> stream_of;  // slot -> its D2H's stream
   std::ifstream in(path);
   std::string line;
-  const std::regex d2h(R"re("t_ns":(\d+),"ev":"d2h".*"slot":(\d+),.*"stream":"(0x[0-9a-f]+)")re");
-  std::smatch m;
+  // The text after `"key":` up to the next `,` or `}` (quotes dropped).
+  const auto field = [&line](const std::string& key) {
+    const size_t at = line.find("\"" + key + "\":");
+    if (at == std::string::npos) return std::string();
+    const size_t from = at + key.size() + 3;
+    std::string value = line.substr(from, line.find_first_of(",}", from) - from);
+    value.erase(std::remove(value.begin(), value.end(), '"'), value.end());
+    return value;
+  };
   while (std::getline(in, line)) {
-    if (!std::regex_search(line, m, d2h)) continue;
-    stream_of[std::stoull(m[2])] = m[3];
-    EXPECT_GE(std::stoull(m[1]), opened_ns) << "a D2H placed before it could run: " << line;
+    if (field("ev") != "d2h") continue;
+    stream_of[std::stoull(field("slot"))] = field("stream");
+    EXPECT_GE(std::stoull(field("t_ns")), opened_ns)
+        << "a D2H placed before it could run: " << line;
   }
   std::remove(path.c_str());
   ASSERT_EQ(stream_of.size(), 3u) << "one D2H per slot";
