@@ -17,7 +17,9 @@
 // What must leave is what the residency budget says: a period whose slots fit takes no window.
 // Otherwise windows are taken, those the link hides first and the most pages away for the
 // longest first among them, until at every position the pages of the slots not away fit the
-// budget.
+// budget. The windows taken are replayed together in time (a restore maps only once the releases
+// before it have made room within the budget, and its copy queues on the link), three ways of
+// taking them are compared by what the replay shows, and the plan's exposed time is the replay's.
 #pragma once
 
 #include <cstdint>
