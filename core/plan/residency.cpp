@@ -455,9 +455,14 @@ class Residency {
   }
   // `recorded_only`: only slots whose last uses are closed by a recorded mark already, so that
   // evicting them records nothing on any stream (one may be capturing).
+  // `held_back`, where given: the pages of resident slots (other than `keep`) passed over for a
+  // while only (pinned by a launch being prepared, used while a capture is open, behind a parked
+  // stream, or not yet able to evict ahead). Counted in the same pass as the choice, so that a
+  // caller deciding whether waiting can help sees the state the choice saw: a capture that closed
+  // between two passes once made a launch refuse with nothing held back (TSan's stress run).
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
-                                     const std::vector<Entry*>& keep,
-                                     bool recorded_only = false) const;
+                                     const std::vector<Entry*>& keep, bool recorded_only = false,
+                                     uint64_t* held_back = nullptr) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
   // Evicts `victims` to make room for `wanted`: a victim the size of a wanted slot that needs
@@ -895,15 +900,21 @@ bool Residency::evictions_before_locked(const Device& d, uint64_t sequence) cons
 }
 
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
-                                              const std::vector<Entry*>& keep,
-                                              bool recorded_only) const {
+                                              const std::vector<Entry*>& keep, bool recorded_only,
+                                              uint64_t* held_back) const {
   std::vector<Entry*> candidates;
+  if (held_back != nullptr) *held_back = 0;
   for (const auto& [slot, e] : entries_) {
-    if (e.device != d.ordinal || e.where != Where::resident || e.pins > 0) continue;
+    if (e.device != d.ordinal || e.where != Where::resident) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
-    if (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) continue;
-    if (!parked_.empty() && held_by_parked_stream_locked(e)) continue;
-    if (d.device_handshake && !evicts_ahead_locked(e)) continue;
+    const bool passed_over =
+        e.pins > 0 || (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) ||
+        (!parked_.empty() && held_by_parked_stream_locked(e)) ||
+        (d.device_handshake && !evicts_ahead_locked(e));
+    if (passed_over) {
+      if (held_back != nullptr) *held_back += e.pages;
+      continue;
+    }
     candidates.push_back(const_cast<Entry*>(&e));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [this](const Entry* a, const Entry* b) {
@@ -1671,24 +1682,16 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       // Over the limit: evict down to the target, leaving the reserve as headroom (auto).
       if (!refresh && d.committed + new_pages > budget.limit) {
         const uint64_t to = std::max(budget.target, need_pages);
-        victims = victims_locked(d, d.committed + new_pages - to, needed);
+        uint64_t held_back = 0;
+        victims = victims_locked(d, d.committed + new_pages - to, needed, false, &held_back);
         uint64_t freed = 0;
         for (const Entry* v : victims) freed += v->pages;
         if (d.committed + new_pages - freed > budget.limit) {
-          pinned_elsewhere =
-              trace::now_ns() - started < settings_.wait_limit_ns &&
-              std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
-                const Entry& other = entry.second;
-                return other.device == ordinal && other.where == Where::resident &&
-                       std::find(needed.begin(), needed.end(), &other) == needed.end() &&
-                       (other.pins > 0 || !evictable_during_capture_locked(other) ||
-                        held_by_parked_stream_locked(other) ||
-                        (d.device_handshake && !evicts_ahead_locked(other)));
-              });
+          pinned_elsewhere = held_back > 0 && trace::now_ns() - started < settings_.wait_limit_ns;
         }
         if (!pinned_elsewhere && d.committed + new_pages - freed > budget.limit) {
           ++stats_.oom_launches;
-          uint64_t mine = 0, pinned = 0, open_marks = 0, parked = 0;
+          uint64_t mine = 0, pinned = 0, open_marks = 0, parked = 0, not_ahead = 0;
           for (const auto& [slot, other] : entries_) {
             if (other.device != ordinal || other.where != Where::resident) continue;
             if (std::find(needed.begin(), needed.end(), &other) != needed.end()) {
@@ -1699,6 +1702,8 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
               open_marks += other.pages;
             } else if (held_by_parked_stream_locked(other)) {
               parked += other.pages;
+            } else if (d.device_handshake && !evicts_ahead_locked(other)) {
+              not_ahead += other.pages;
             }
           }
           *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
@@ -1707,7 +1712,9 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                      byte_size(d.committed) + " held: " + byte_size(mine) + " by this launch, " +
                      byte_size(pinned) + " pinned by other launches, " + byte_size(open_marks) +
                      " in use while a capture is open, " + byte_size(parked) +
-                     " used behind a device wait for a restore; waited " +
+                     " used behind a device wait for a restore, " + byte_size(not_ahead) +
+                     " not yet evictable on the device, " + byte_size(d.lent) +
+                     " lent to the executor; waited " +
                      std::to_string(trace::us_since(started) / 1000) + " ms, " +
                      std::to_string(capture_gate::open()) + " captures open); nothing was launched";
           return CUDA_ERROR_OUT_OF_MEMORY;
@@ -2140,16 +2147,9 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
     std::vector<Entry*> victims;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      victims = victims_locked(d, bytes, {});
-      if (victims.empty()) {
-        *busy_slots = std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
-          const Entry& e = entry.second;
-          return e.device == ordinal && e.where == Where::resident &&
-                 (e.pins > 0 || !evictable_during_capture_locked(e) ||
-                  held_by_parked_stream_locked(e) ||
-                  (d.device_handshake && !evicts_ahead_locked(e)));
-        });
-      }
+      uint64_t held_back = 0;
+      victims = victims_locked(d, bytes, {}, false, &held_back);
+      if (victims.empty()) *busy_slots = held_back > 0;
     }
     std::string why;
     if (!ensure_host_copies(victims, &why)) {
