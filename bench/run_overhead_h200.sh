@@ -29,6 +29,8 @@
 #   (default: the first two)
 # Environment: RUNS (3), STEPS (20), SKIP (5), TORCH_BUDGET (3GiB), DEMO_BUDGET (512MiB),
 #   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda),
+#   WORK (0: the demos' --work, rounds of integer mixing per element in each layer kernel, so
+#   that their layers compute for as long as a real model's do beside the copies),
 #   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF (policy keys added to
 #   every program's, e.g. residency.handshake=device; with trace.launch_times=true each program's
 #   table row is followed by the "Launch times" section of `vaswap report` for each vaswap run:
@@ -53,7 +55,7 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT} bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
   echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|"
@@ -67,7 +69,7 @@ for program in "${programs[@]}"; do
       conf="residency.budget=${TORCH_BUDGET:-3GiB}"
       ;;
     demo)
-      cmd=("$demo_bin" --layers 8 --elems 8388608 --steps "$steps" --quiet)
+      cmd=("$demo_bin" --layers 8 --elems 8388608 --work "${WORK:-0}" --steps "$steps" --quiet)
       conf="selection.captured_only=false,residency.budget=${DEMO_BUDGET:-512MiB}"
       ;;
     torch_whole)
@@ -76,7 +78,8 @@ for program in "${programs[@]}"; do
       conf="${INSIDE_CONF:-inside.mode=on}"
       ;;
     demo_whole)
-      cmd=("$demo_bin" --layers 8 --elems 8388608 --graph whole --steps "$steps" --quiet)
+      cmd=("$demo_bin" --layers 8 --elems 8388608 --work "${WORK:-0}" --graph whole --steps "$steps"
+        --quiet)
       conf="${INSIDE_CONF:-inside.mode=on}"
       ;;
     torch_compile | torch_compile_all)

@@ -36,10 +36,18 @@ VSK_GLOBAL void fill_kernel(uint32_t* out, uint32_t seed, uint32_t n) {
 }
 VSK_REGISTER(fill_kernel)
 
+// --work N: N rounds of integer mixing per element in each layer's forward and backward kernel,
+// so that a layer computes for as long as a real one does beside its buffers' copies (without it
+// the demo's kernels only stream their buffers, microseconds against the link's milliseconds).
+VSK_DEVICE uint32_t mix(uint32_t a, uint32_t rounds) {
+  for (uint32_t r = 0; r < rounds; ++r) a = (a ^ (a >> 11)) * 2654435761u + r;
+  return a;
+}
+
 VSK_GLOBAL void forward_kernel(const uint32_t* x, const uint32_t* w, uint32_t* act, uint32_t* y,
-                               uint32_t n) {
+                               uint32_t n, uint32_t work) {
   VSK_FOR(i, n) {
-    const uint32_t a = x[i] ^ (x[i] >> 7);
+    const uint32_t a = mix(x[i] ^ (x[i] >> 7), work);
     act[i] = a;
     y[i] = a * (w[i] | 1u) + 0x9e3779b9u;
   }
@@ -47,9 +55,9 @@ VSK_GLOBAL void forward_kernel(const uint32_t* x, const uint32_t* w, uint32_t* a
 VSK_REGISTER(forward_kernel)
 
 VSK_GLOBAL void backward_kernel(const uint32_t* gy, const uint32_t* act, const uint32_t* w,
-                                uint32_t* gx, uint32_t* gw, uint32_t n) {
+                                uint32_t* gx, uint32_t* gw, uint32_t n, uint32_t work) {
   VSK_FOR(i, n) {
-    gx[i] = gy[i] * (w[i] | 1u) + act[i];
+    gx[i] = mix(gy[i] * (w[i] | 1u) + act[i], work);
     gw[i] = (gy[i] * act[i]) ^ (gy[i] >> 3);
   }
 }
@@ -126,6 +134,7 @@ struct Options {
   bool whole = false;        // --graph whole: one graph per step
   int set_params_step = -1;  // --graph whole: -1: never
   int extra_mib = 0;         // 0: none
+  uint32_t work = 0;         // rounds of mixing per element in the layer kernels
   long limit_mib = 0;        // 0: the whole device
   const char* out = nullptr;
 };
@@ -136,8 +145,8 @@ void usage(FILE* to) {
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
-      "                    [--graph layers|whole] [--set-params-step N] [--out FILE]\n"
-      "                    [--quiet]\n"
+      "                    [--graph layers|whole] [--set-params-step N] [--work N]\n"
+      "                    [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -181,6 +190,10 @@ void usage(FILE* to) {
       "  --set-params-step N  with --graph whole: before step N, give a kernel node of the\n"
       "                  executable its own parameters again (cudaGraphExecKernelNodeSetParams\n"
       "                  with the captured graph's node)\n"
+      "  --work N        N rounds of integer mixing per element in each layer's forward and\n"
+      "                  backward kernel (default 0): device time for the copies to hide\n"
+      "                  behind, as a real layer's compute gives (on the H200, --work 200\n"
+      "                  with 32 MiB buffers is about 1 ms per kernel); the checksum changes\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -214,6 +227,7 @@ Options parse(int argc, char** argv) {
                                  {"batch-copies", no_argument, nullptr, 'b'},
                                  {"graph", required_argument, nullptr, 'g'},
                                  {"set-params-step", required_argument, nullptr, 'k'},
+                                 {"work", required_argument, nullptr, 'W'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -274,6 +288,10 @@ Options parse(int argc, char** argv) {
         }
         break;
       case 'P': o.peer_kernels = true; break;
+      case 'W':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.work = static_cast<uint32_t>(v);
+        break;
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
         o.extra_mib = static_cast<int>(v);
@@ -426,6 +444,7 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const size_t bytes = size_t{o.elems} * sizeof(uint32_t);
   uint32_t n = o.elems;
+  uint32_t work = o.work;
   int count = 0;
   CHECK(cudaGetDeviceCount(&count));
   if (o.device + o.devices > count) {
@@ -495,13 +514,13 @@ int main(int argc, char** argv) {
       L.act = malloc_during_capture(bytes);
       L.y = malloc_during_capture(bytes);
       captured_allocations += 2;
-      launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n});
+      launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n, &work});
     });
     L.backward = capture(launch.stream, [&] {
       L.gx = malloc_during_capture(bytes);
       L.gw = malloc_during_capture(bytes);
       captured_allocations += 2;
-      launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n});
+      launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n, &work});
     });
   }
   Layer& first = layers.front();
@@ -573,7 +592,7 @@ int main(int argc, char** argv) {
         L.act = malloc_during_capture(bytes);
         L.y = malloc_during_capture(bytes);
         captured_allocations += 2;
-        launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n});
+        launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n, &work});
         if (l + 1 < layers.size()) hand_off(L, layers[l + 1], layers[l + 1].x, L.y);
       }
       launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
@@ -582,7 +601,7 @@ int main(int argc, char** argv) {
         L.gx = malloc_during_capture(bytes);
         L.gw = malloc_during_capture(bytes);
         captured_allocations += 2;
-        launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n});
+        launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n, &work});
         launch((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
         if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
       }

@@ -5,6 +5,8 @@
 //   }
 //   VSK_REGISTER(scale)
 //
+// A helper the kernels call is declared VSK_DEVICE (a __device__ function under nvcc).
+//
 //   void* args[] = {&y, &x, &a, &n};
 //   cudaLaunchKernel((const void*)scale, grid, block, args, 0, stream);
 //
@@ -24,6 +26,7 @@
 #if defined(__CUDACC__)
 
 #define VSK_GLOBAL __global__
+#define VSK_DEVICE __device__ inline
 #define VSK_FOR(i, n)                                                             \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
        i += (size_t)blockDim.x * gridDim.x)
@@ -49,6 +52,7 @@ void __cudaRegisterFunction(void** fatCubinHandle, const char* hostFun, char* de
 }
 
 #define VSK_GLOBAL
+#define VSK_DEVICE inline
 #define VSK_FOR(i, n) for (size_t i = 0; i < (size_t)(n); ++i)
 #define VSK_REGISTER(kernel)                                                                     \
   static const ::vaswap_sim::KernelRegistrar<decltype(&kernel), &kernel> vsk_registrar_##kernel{ \
