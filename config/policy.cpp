@@ -340,6 +340,12 @@ const Key kSchema[] = {
    "offloaded.",
    [](Policy& p, const std::string& v) { return parse_int(v, 1, 100000, &p.inside_min_gap); },
    [](const Policy& p) { return std::to_string(p.inside_min_gap); }},
+  {"inside.lag", "integer 0..100000", "an integer from 0 to 100000", "0",
+   "Inside one graph: how many nodes after a slot's last use before a gap its pages count as "
+   "given back (its copy out and unmap take that long): a restore counts only on the room of "
+   "releases at least this far before its map, and the graph's map signal waits only for them.",
+   [](Policy& p, const std::string& v) { return parse_int(v, 0, 100000, &p.inside_lag); },
+   [](const Policy& p) { return std::to_string(p.inside_lag); }},
   {"guard", "bool", "true or false", "true",
    "Check eager launches against offloaded regions and restore on demand instead of faulting.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.guard); },

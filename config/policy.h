@@ -54,6 +54,7 @@ struct Policy {
   Inside inside = Inside::auto_;
   int inside_lead = 8;
   int inside_min_gap = 4;
+  int inside_lag = 0;
   // guard
   bool guard = true;
   // host pool

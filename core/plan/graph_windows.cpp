@@ -25,23 +25,29 @@ std::vector<Gap> gaps_of(const std::vector<Candidate>& candidates, size_t positi
       const size_t last = uses[i], next = uses[i + 1];
       if (next < last + 1 + s.lead) continue;  // no room to map ahead of the next use
       const size_t trigger = next - s.lead;
-      if (trigger < last + s.min_gap) continue;  // away for fewer than min_gap positions
+      // Away (pages given back) from `lag` positions after the last use through the trigger:
+      // for fewer than min_gap positions, not worth a window.
+      if (trigger < last + s.lag + s.min_gap) continue;
       Gap g;
       g.window.candidate = c;
       g.window.release_after = last;
       g.window.restore_before = next;
       g.window.trigger = trigger;
-      g.from = last + 1;
+      g.from = last + 1 + s.lag;
       g.to = trigger;
-      g.length = trigger - last;
+      g.length = trigger - last - s.lag;
       gaps.push_back(g);
     }
-    // The wrap: after the last use to the end, then from the start to the trigger.
+    // The wrap: after the last use (and the lag) to the end, then from the start to the
+    // trigger; a lag longer than the tail runs on into the next launch's head.
     const size_t first = uses.front(), last = uses.back();
     const size_t tail = positions - 1 - last;
     const bool at_start = first < s.lead;
     const size_t head = at_start ? 0 : first - s.lead + 1;
-    if (tail + head < s.min_gap || tail + head == 0) continue;
+    const size_t tail_away = tail > s.lag ? tail - s.lag : 0;
+    const size_t lag_in_head = s.lag > tail ? s.lag - tail : 0;
+    const size_t head_away = head > lag_in_head ? head - lag_in_head : 0;
+    if (tail_away + head_away < s.min_gap || tail_away + head_away == 0) continue;
     Gap g;
     g.window.candidate = c;
     g.window.wrap = true;
@@ -49,14 +55,21 @@ std::vector<Gap> gaps_of(const std::vector<Candidate>& candidates, size_t positi
     g.window.restore_before = first;
     g.window.trigger_at_start = at_start;
     g.window.trigger = at_start ? 0 : first - s.lead;
-    g.from = tail > 0 ? last + 1 : 0;
+    g.from = tail_away > 0 ? last + 1 + s.lag : lag_in_head;
     g.to = at_start ? positions - 1 : g.window.trigger;
-    if (!at_start && tail == 0) g.from = 0;
-    g.length = tail + head;
+    g.length = tail_away + head_away;
     gaps.push_back(g);
   }
   return gaps;
 }
+
+}  // namespace
+
+bool counts_on(const Window& w, const Window& r, size_t lag) {
+  return !w.trigger_at_start && r.release_after + lag < w.trigger;
+}
+
+namespace {
 
 bool covers(const Gap& g, size_t t) {
   return g.from <= g.to ? g.from <= t && t <= g.to : t >= g.from || t <= g.to;
@@ -144,6 +157,7 @@ void segment(const Candidate& c, std::vector<Window>* ws) {
 Choice choose(const std::vector<Candidate>& candidates, size_t positions,
               const Settings& settings) {
   Choice choice;
+  choice.lag = settings.lag;
   for (const Candidate& c : candidates) choice.total_bytes += c.bytes;
   if (positions == 0) return choice;
   const std::vector<Gap> gaps = gaps_of(candidates, positions, settings);

@@ -26,6 +26,11 @@ struct Candidate {
 struct Settings {
   size_t lead = 8;     // positions between a restore's trigger and the use it restores for
   size_t min_gap = 4;  // positions a window keeps the slot away, at least
+  // Positions a release takes to give its pages back (its D2H, then the unmap): the schedule
+  // counts the slot held through that many positions after its last use, and a restore counts
+  // only on the room of releases at least that far before its trigger (the graph's trigger then
+  // follows just those releases, so it never waits for a copy that has only just begun).
+  size_t lag = 0;
   // The candidates' bytes held at once that the choice aims at: windows are added, each the
   // largest that covers the current peak, until the peak is at most this. 0: every window.
   uint64_t target = 0;
@@ -50,7 +55,12 @@ struct Choice {
   uint64_t total_bytes = 0;     // the candidates' bytes (what the graph holds without windows)
   uint64_t peak_bytes = 0;      // the most the candidates hold at once with the windows chosen
   uint64_t moved_bytes = 0;     // copied each way per launch
+  size_t lag = 0;               // the settings' lag: a release's room counts from that far on
 };
+
+// Whether the restore of window `w` counts on the room of window `r`'s release: `r` gives its
+// pages back `lag` positions after its last use, before `w`'s trigger (in the same launch).
+bool counts_on(const Window& w, const Window& r, size_t lag);
 
 // The windows of `candidates` over `positions` positions (every use < positions).
 Choice choose(const std::vector<Candidate>& candidates, size_t positions, const Settings& settings);

@@ -235,6 +235,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   windows::Settings ws;
   ws.lead = s.lead;
   ws.min_gap = s.min_gap;
+  ws.lag = s.lag;
   // A release frees its pages only once its D2H has run and the executor has unmapped them,
   // later than the position it follows, so a restore may wait for room (the summary's room
   // waits). Under a budget the schedule fills what the slots may hold: aiming lower leaves

@@ -36,7 +36,7 @@ enum class Mode { off, automatic, on };
 
 struct Settings {
   Mode mode = Mode::automatic;
-  size_t lead = 8, min_gap = 4;
+  size_t lead = 8, min_gap = 4, lag = 0;
   uint64_t budget_bytes = 0;  // residency.budget; 0: auto (the automatic mode then rewrites none)
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
 };

@@ -626,6 +626,7 @@ void configure(const Policy& policy,
                                           : inside::Mode::automatic;
   in.lead = static_cast<size_t>(policy.inside_lead);
   in.min_gap = static_cast<size_t>(policy.inside_min_gap);
+  in.lag = static_cast<size_t>(policy.inside_lag);
   in.budget_bytes = policy.residency_budget;
   in.wait_limit_ns = policy.wait_limit_ns;
   inside::configure(in);

@@ -98,10 +98,10 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     released[k] = memop({d2h}, {write_one(flags.at(k).released)}, subject_of(k) + " (released)");
   }
   // Then restores: `trigger` after the trigger position and after every release the schedule
-  // counts on for room there (those after a last use before it: the schedule takes their pages
-  // as given back by then), so that the executor never waits for room with the graph parked on
-  // it; then the wait for `mapped`, the H2D, and edges to the uses after the gap. Every added
-  // edge runs from a lower position to a higher one: no cycle.
+  // counts on for room there (those after a last use at least the schedule's lag before it: the
+  // schedule takes their pages as given back by then), so that the executor never waits for
+  // room with the graph parked on it; then the wait for `mapped`, the H2D, and edges to the uses
+  // after the gap. Every added edge runs from a lower position to a higher one: no cycle.
   for (size_t k = 0; k < choice.windows.size(); ++k) {
     const windows::Window& w = choice.windows[k];
     const RewriteSlot& slot = slots.at(w.candidate);
@@ -111,7 +111,9 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
     if (!w.trigger_at_start) {
       trigger_deps.push_back(at[w.trigger]);
       for (size_t r = 0; r < choice.windows.size(); ++r) {
-        if (choice.windows[r].release_after < w.trigger) trigger_deps.push_back(released[r]);
+        if (windows::counts_on(w, choice.windows[r], choice.lag)) {
+          trigger_deps.push_back(released[r]);
+        }
       }
     }
     if (!w.wrap &&

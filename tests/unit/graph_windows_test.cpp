@@ -121,6 +121,43 @@ TEST(GraphWindows, SegmentsSplitTheUsesBetweenWindows) {
   EXPECT_EQ((std::vector<size_t>{20}), inner[1]->after);
 }
 
+TEST(GraphWindows, ALagKeepsAReleasesPagesCountedUntilItsCopyHasRun) {
+  // The same two slots as above: with a lag of 3, a's pages count as held through position 4
+  // and b's restore at 6 is mapped from 7 on, so between 0 and 2 both are held (b's wrap gives
+  // its pages back only from 3, its lag running on into the launch's head).
+  Settings s = every(2, 1);
+  s.lag = 3;
+  const Choice c = choose({slot(32, {0, 1}), slot(32, {8, 9})}, 10, s);
+  EXPECT_EQ(3u, c.lag);
+  ASSERT_EQ(2u, c.windows.size());
+  EXPECT_EQ(64 * kMiB, c.peak_bytes);
+  // Used at 0 and 10 of 12, lead 2 (trigger at 8): a lag of 4 leaves it away from 5 to 8, the
+  // minimum gap of 4; a lag of 5 leaves 3 positions, too few for an inner window.
+  s = every(2, 4);
+  s.lag = 4;
+  Choice d = choose({slot(8, {0, 10})}, 12, s);
+  size_t inner = 0;
+  for (const Window& w : d.windows) inner += w.wrap ? 0 : 1;
+  EXPECT_EQ(1u, inner);
+  s.lag = 5;
+  d = choose({slot(8, {0, 10})}, 12, s);
+  inner = 0;
+  for (const Window& w : d.windows) inner += w.wrap ? 0 : 1;
+  EXPECT_EQ(0u, inner);
+}
+
+TEST(GraphWindows, ARestoreCountsOnlyOnReleasesALagBeforeItsTrigger) {
+  Window r;
+  r.release_after = 5;
+  Window w;
+  w.trigger = 9;
+  EXPECT_TRUE(counts_on(w, r, 0));
+  EXPECT_TRUE(counts_on(w, r, 3));   // 5 + 3 < 9
+  EXPECT_FALSE(counts_on(w, r, 4));  // its pages come back at 9 at the earliest
+  w.trigger_at_start = true;         // mapped when the launch begins: nothing of it before
+  EXPECT_FALSE(counts_on(w, r, 0));
+}
+
 TEST(GraphWindows, NoPositionsNoWindows) {
   const Choice c = choose({}, 0, every(1, 1));
   EXPECT_TRUE(c.windows.empty());
