@@ -1686,10 +1686,16 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         victims = victims_locked(d, d.committed + new_pages - to, needed, false, &held_back);
         uint64_t freed = 0;
         for (const Entry* v : victims) freed += v->pages;
-        if (d.committed + new_pages - freed > budget.limit) {
+        // A launch whose slots all have their pages needs no room: it goes ahead with what
+        // could be evicted evicted, however far over the limit the rest keeps the device (room
+        // lent to a rewritten graph's executor, slots other launches hold). Refused, it would
+        // fail a program that the budget asked for nothing (a torch.compile job on the H200 got
+        // "needs 0 B more" and died of it).
+        const bool short_of_room = new_pages > 0 && d.committed + new_pages - freed > budget.limit;
+        if (short_of_room) {
           pinned_elsewhere = held_back > 0 && trace::now_ns() - started < settings_.wait_limit_ns;
         }
-        if (!pinned_elsewhere && d.committed + new_pages - freed > budget.limit) {
+        if (!pinned_elsewhere && short_of_room) {
           ++stats_.oom_launches;
           uint64_t mine = 0, pinned = 0, open_marks = 0, parked = 0, not_ahead = 0;
           for (const auto& [slot, other] : entries_) {
@@ -2216,7 +2222,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
         victims = victims_locked(d, d.committed + new_pages - to, needed, /*recorded_only=*/true);
         for (const Entry* v : victims) freed += v->pages;
       }
-      if (d.committed + new_pages - freed > budget.limit) {
+      if (new_pages > 0 && d.committed + new_pages - freed > budget.limit) {
         ++stats_.oom_launches;
         *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
                    " of slots mapped, and the residency budget of " + byte_size(budget.limit) +

@@ -396,6 +396,41 @@ TEST_F(ResidencyTest, ALaunchThatCannotFitGetsOutOfMemoryAndNothingRuns) {
   EXPECT_GE(residency::stats().oom_launches, 1u);
 }
 
+// Over the limit with nothing more to evict (here: room lent to a rewritten graph's executor),
+// a launch whose slots all have their pages needs no room and goes ahead; one that needs pages is
+// refused by name.
+TEST_F(ResidencyTest, ALaunchThatNeedsNoRoomGoesAheadOverTheLimit) {
+  configure(2 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* lent_slot = make_slot();  // never used: lent without pages
+  Slot* c = make_slot();
+  fill(a, 21);
+  fill(b, 22);
+  std::vector<residency::Lent> lent;
+  ASSERT_TRUE(residency::lend({lent_slot}, 2 * kPage, &lent));  // held now: 4 pages of 2
+  bool ran = false;
+  std::string message;
+  EXPECT_EQ(CUDA_SUCCESS, use(
+                              {a}, [&] { ran = true; }, &message))
+      << message;
+  EXPECT_TRUE(ran);
+  // What could leave for it did (b, not a), though a and the lent room still hold 3 pages.
+  wait_mapped({b}, false);
+  EXPECT_TRUE(mapped(a));
+  // c has no pages and no room can be made for it: refused, nothing run.
+  ran = false;
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, use(
+                                          {a, c}, [&] { ran = true; }, &message));
+  EXPECT_FALSE(ran);
+  EXPECT_NE(message.find("needs 2 MiB more of slots on device 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("4 MiB lent to the executor"), std::string::npos) << message;
+  engine().back(lent_slot, std::nullopt);  // the executor maps a lent slot before giving it back
+  residency::take_back(0, {lent_slot}, 2 * kPage);
+  expect_holds(a, 21);
+  expect_holds(b, 22);
+}
+
 TEST_F(ResidencyTest, TheHostPoolLimitRefusesAnEvictionByName) {
   configure(1 * kPage, /*host_limit=*/kPage);
   Slot* a = make_slot();
