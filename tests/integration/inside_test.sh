@@ -92,6 +92,17 @@ held, without = s["inside_peak_held"] / MiB, rw[0]["held_without"] / MiB
 print(f"     slots held at most {held:.0f} MiB of {without:.0f}")
 '
 
+# The same with a lag (inside.lag): a restore counts only on releases two nodes before its
+# trigger, and its trigger follows only those; the data is the same.
+whole lag "$base,residency.budget=28MiB,inside.lead=2,inside.lag=2" VASWAP_SIM_DEVICE_MEMORY=100MiB
+check lag '
+assert len(rw) == 1 and rw[0]["windows"] > 0 and rw[0]["held_peak"] < rw[0]["held_without"], rw
+assert s["inside_launches"] == 20 and s["inside_restores"] >= 20, s
+assert s["oom_launches"] == 0 and s["errors"] == 0 and s["inside_failures"] == 0, s
+windows, held = rw[0]["windows"], s["inside_peak_held"] / MiB
+print(f"     {windows} windows; held at most {held:.0f} MiB")
+'
+
 # 4. Fallbacks.
 whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
 check no_memops 'assert not rw and s["inside_graphs"] == 0, (rw, s)'
