@@ -331,9 +331,12 @@ struct Device {
   // device handshake's on `ahead_in` (where one may wait for room while the other lands).
   std::deque<Copied> copies, ahead_copies;
   std::condition_variable jobs_cv, unmaps_cv, copies_cv;
-  int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
-  int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
-  uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
+  int h2d_in_flight = 0;     // restore copies submitted and not yet seen complete
+  int unmaps_in_flight = 0;  // evictions submitted whose unmap is not done yet
+  uint64_t moving = 0;       // the slot whose restore the mover carries out now (0: none)
+  // Where that restore stands (waiting for room, mapping, its last map's failure), for the
+  // watchdog's message and the death dump: a stalled restore says why.
+  std::string mover_state;
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
   uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
@@ -2368,10 +2371,12 @@ void Residency::run_watchdog() {
                 });
             moving = d->second->moving;
           }
-          const std::string mover_at =
-              moving != 0 && moving != w.slot
-                  ? " (the mover is at the restore of slot " + std::to_string(moving) + ")"
-                  : "";
+          std::string mover_at;
+          if (moving != 0 && moving != w.slot) {
+            mover_at = " (the mover is at the restore of slot " + std::to_string(moving) + ")";
+          } else if (moving == w.slot && !d->second->mover_state.empty()) {
+            mover_at = " (" + d->second->mover_state + ")";
+          }
           // The flag is written once the mover has mapped the slot's pages.
           stalled = "vaswap's restore stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
                     " has waited on the device (CUDA_ERROR_LAUNCH_TIMEOUT) for " +
@@ -2404,9 +2409,9 @@ void Residency::run_watchdog() {
       for (const auto& [ordinal, d] : devices_) {
         log().debug(
             "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight, the "
-            "unmapper at slot {}, the mover at slot {})",
+            "unmapper at slot {}, the mover at slot {}: {})",
             ordinal, d->committed, d->physical, d->lent, d->jobs.size(), d->unmaps.size(),
-            d->unmaps_in_flight, d->unmapping, d->moving);
+            d->unmaps_in_flight, d->unmapping, d->moving, d->mover_state);
         for (const Job& job : d->jobs) {
           size_t open = 0, running = 0;
           for (const MarkRef& m : job.waits) {
@@ -2487,6 +2492,7 @@ void Residency::run_mover(Device& d) {
       job = std::move(d.jobs.front());
       d.jobs.pop_front();
       d.moving = job.kind == JobKind::restore ? job.slot : 0;
+      d.mover_state.clear();
     }
     if (job.kind == JobKind::restore) {
       do_restore(d, job);
@@ -2495,6 +2501,7 @@ void Residency::run_mover(Device& d) {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     d.moving = 0;
+    d.mover_state.clear();
   }
 }
 
@@ -2729,6 +2736,15 @@ void Residency::do_restore(Device& d, const Job& job) {
           trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;
         }
         if (ready) ++e->busy;
+        d.mover_state =
+            (ready ? std::string("mapping its pages")
+                   : "waiting for room: " + byte_size(d.physical) + " held of the budget's " +
+                         byte_size(settings_.budget_bytes) + ", " + byte_size(e->pages) +
+                         " more; " + std::to_string(d.unmaps_in_flight) + " evictions in flight, " +
+                         (none_before ? "none" : "some") + " decided before it, the last relief " +
+                         (relief_failed ? "found nothing" : "set one going")) +
+            ", try " + std::to_string(attempt + 1) +
+            (failure.empty() ? std::string() : "; the last map failed: " + failure);
       }
     }
     if (trim_to) engine().trim_spares(d.ordinal, *trim_to);
@@ -2768,6 +2784,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(job.slot);
+    d.mover_state.clear();
     d.physical += slot->mapped_bytes;
     stats_.resident_bytes += slot->mapped_bytes;
     stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);

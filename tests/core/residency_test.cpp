@@ -1221,7 +1221,8 @@ TEST_F(ResidencyTest, AFreedSlotReleasesTheStreamsWaitingForItsRestore) {
 // residency.wait_limit ends the process with a named error, whatever holds the restore back (here
 // the mover stuck 5 s in cuMemMap, which no other wait watches) and while the application's
 // thread is blocked in the driver, synchronizing the parked stream. (On the H200, with 32
-// hardware queues, such a run hung silently past its limit.)
+// hardware queues, such a run hung silently past its limit.) The message says where the mover's
+// restore stands.
 TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
   EXPECT_EXIT(
       {
@@ -1249,7 +1250,8 @@ TEST_F(ResidencyTest, AStreamParkedPastTheLimitIsANamedErrorNotAHang) {
       ::testing::ExitedWithCode(70),
       "restore stream 0x[0-9a-f]+ has waited on the device \\(CUDA_ERROR_LAUNCH_TIMEOUT\\) for "
       "[0-9]+ ms \\(residency.wait_limit "
-      "300 ms\\) for the pages of the restore of slot [0-9]+ on device 6.*invariant 12");
+      "300 ms\\) for the pages of the restore of slot [0-9]+ on device 6.*the mover took it up "
+      "and has not mapped the pages \\(mapping its pages, try [0-9]+\\).*invariant 12");
 }
 
 // A peer copy names slots of two devices: a copy on device 0's stream from device 3's slot, which
