@@ -74,4 +74,26 @@ std::string cuda_error_name(CUresult result);
 // cannot say (an event not recorded, or made without timing).
 double elapsed_us(const Driver& driver, CUevent from, CUevent to);
 
+// The calling thread's capture mode relaxed for a scope, for a call that the global mode forbids
+// or that would invalidate another thread's global capture (DESIGN.md invariant 5) and that runs
+// on the application's thread: releasing kept handles (its out-of-memory path,
+// vaswap_set_page_reuse), pinning host memory for an eviction decided while its stream
+// captures.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver& driver) : driver_(driver) {
+    changed_ = driver_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (changed_) driver_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const Driver& driver_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool changed_ = false;
+};
+
 }  // namespace vaswap

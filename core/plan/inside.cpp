@@ -268,6 +268,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   ContextScope scope(driver, g->context);
   void* flags = nullptr;
   const size_t flag_bytes = 3 * g->windows * sizeof(uint32_t);
+  const RelaxedCapture relaxed(driver);  // another thread's global capture stays valid
   CUresult rc = driver.cuMemHostAlloc(&flags, flag_bytes,
                                       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
   if (rc != CUDA_SUCCESS) {

@@ -739,6 +739,7 @@ Flag Residency::take_flag(Device& d) {
   ContextScope scope(driver, d.context);
   void* host = nullptr;
   const size_t bytes = kFlagsPerChunk * sizeof(uint32_t);
+  const RelaxedCapture relaxed(driver);  // a restore decided while the thread captures
   const CUresult rc = with_retries([&] {
     return driver.cuMemHostAlloc(&host, bytes,
                                  CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);

@@ -188,30 +188,6 @@ uint64_t Engine::spare_bytes(int ordinal, size_t size, bool* has_size) {
   return d.spare_bytes;
 }
 
-namespace {
-
-// The calling thread's capture mode relaxed for a scope: releasing kept handles happens on the
-// application's thread (its out-of-memory path, vaswap_set_page_reuse), where a cuMemRelease in
-// the global mode would invalidate another thread's global capture (DESIGN.md invariant 5).
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(const Driver& driver) : driver_(driver) {
-    changed_ = driver_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
-  }
-  ~RelaxedCapture() {
-    if (changed_) driver_.cuThreadExchangeStreamCaptureMode(&mode_);
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  const Driver& driver_;
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-  bool changed_ = false;
-};
-
-}  // namespace
-
 uint64_t Engine::trim_spares(int ordinal, uint64_t keep) {
   Device& d = device(ordinal);
   {

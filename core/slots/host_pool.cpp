@@ -38,6 +38,7 @@ void* HostPool::allocate(size_t bytes) {
   CUresult rc = CUDA_SUCCESS;
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(4 << (2 * attempt)));
+    const RelaxedCapture relaxed(driver_);  // an eviction decided while the thread captures
     rc = driver_.cuMemHostAlloc(&host, rounded, CU_MEMHOSTALLOC_PORTABLE);
     if (rc == CUDA_SUCCESS) break;
   }
