@@ -298,6 +298,34 @@ struct Copied {
   bool ahead = false;
 };
 
+// Where the restore that a device's mover carries out stands, for the watchdog's message and the
+// death dump: a stalled restore says why. Kept as facts, said only when asked (describe()).
+struct MoverState {
+  bool known = false;     // a restore under way has been looked at
+  bool mapping = false;   // its pages are being mapped (else it waits for room)
+  uint64_t physical = 0;  // what slots held then, of `budget`
+  uint64_t budget = 0;
+  uint64_t pages = 0;  // what it maps
+  int unmaps_in_flight = 0;
+  bool none_before = false;    // no eviction decided before it is on its way
+  bool relief_failed = false;  // the last relieve() found nothing to set going
+  int attempt = 0;
+  std::string failure;  // the last map's failure
+  std::string describe() const;
+};
+
+std::string MoverState::describe() const {
+  if (!known) return std::string();
+  return (mapping ? std::string("mapping its pages")
+                  : "waiting for room: " + byte_size(physical) + " held of the budget's " +
+                        byte_size(budget) + ", " + byte_size(pages) + " more; " +
+                        std::to_string(unmaps_in_flight) + " evictions in flight, " +
+                        (none_before ? "none" : "some") + " decided before it, the last relief " +
+                        (relief_failed ? "found nothing" : "set one going")) +
+         ", try " + std::to_string(attempt + 1) +
+         (failure.empty() ? std::string() : "; the last map failed: " + failure);
+}
+
 struct Device {
   int ordinal = 0;
   CUcontext context = nullptr;
@@ -318,25 +346,24 @@ struct Device {
   CUstream ahead_in = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
-  uint64_t committed = 0;  // host order: pages of resident slots (restores queued included),
-                           // and what lent slots may hold (`lent`)
-  uint64_t lent = 0;       // reserved for the executors of rewritten graphs (plan/inside.h)
-  uint64_t physical = 0;   // pages mapped now
-  uint64_t limit = 0;      // auto: what slots may hold, last computed (free + what they hold)
-  uint64_t reserve = 0;    // auto: the headroom evictions leave the program
-  uint64_t total = 0;      // the device's memory
+  uint64_t committed = 0;       // host order: pages of resident slots (restores queued included),
+                                // and what lent slots may hold (`lent`)
+  uint64_t lent = 0;            // reserved for the executors of rewritten graphs (plan/inside.h)
+  uint64_t largest_launch = 0;  // the most bytes of slots one acquire() has needed (others())
+  uint64_t physical = 0;        // pages mapped now
+  uint64_t limit = 0;           // auto: what slots may hold, last computed (free + what they hold)
+  uint64_t reserve = 0;         // auto: the headroom evictions leave the program
+  uint64_t total = 0;           // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
   // Restore copies in flight, each stream's in its order: the host path's on `restore`, the
   // device handshake's on `ahead_in` (where one may wait for room while the other lands).
   std::deque<Copied> copies, ahead_copies;
   std::condition_variable jobs_cv, unmaps_cv, copies_cv;
-  int h2d_in_flight = 0;     // restore copies submitted and not yet seen complete
-  int unmaps_in_flight = 0;  // evictions submitted whose unmap is not done yet
-  uint64_t moving = 0;       // the slot whose restore the mover carries out now (0: none)
-  // Where that restore stands (waiting for room, mapping, its last map's failure), for the
-  // watchdog's message and the death dump: a stalled restore says why.
-  std::string mover_state;
+  int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
+  int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
+  uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
+  MoverState mover_state;             // where that restore stands
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
   uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
@@ -2375,8 +2402,8 @@ void Residency::run_watchdog() {
           std::string mover_at;
           if (moving != 0 && moving != w.slot) {
             mover_at = " (the mover is at the restore of slot " + std::to_string(moving) + ")";
-          } else if (moving == w.slot && !d->second->mover_state.empty()) {
-            mover_at = " (" + d->second->mover_state + ")";
+          } else if (moving == w.slot && d->second->mover_state.known) {
+            mover_at = " (" + d->second->mover_state.describe() + ")";
           }
           // The flag is written once the mover has mapped the slot's pages.
           stalled = "vaswap's restore stream " + hex(reinterpret_cast<uintptr_t>(key.handle)) +
@@ -2412,7 +2439,7 @@ void Residency::run_watchdog() {
             "device {}: committed {} physical {} (lent {}) jobs {} unmaps {} ({} in flight, the "
             "unmapper at slot {}, the mover at slot {}: {})",
             ordinal, d->committed, d->physical, d->lent, d->jobs.size(), d->unmaps.size(),
-            d->unmaps_in_flight, d->unmapping, d->moving, d->mover_state);
+            d->unmaps_in_flight, d->unmapping, d->moving, d->mover_state.describe());
         for (const Job& job : d->jobs) {
           size_t open = 0, running = 0;
           for (const MarkRef& m : job.waits) {
@@ -2493,7 +2520,7 @@ void Residency::run_mover(Device& d) {
       job = std::move(d.jobs.front());
       d.jobs.pop_front();
       d.moving = job.kind == JobKind::restore ? job.slot : 0;
-      d.mover_state.clear();
+      d.mover_state = MoverState();
     }
     if (job.kind == JobKind::restore) {
       do_restore(d, job);
@@ -2502,7 +2529,7 @@ void Residency::run_mover(Device& d) {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     d.moving = 0;
-    d.mover_state.clear();
+    d.mover_state = MoverState();
   }
 }
 
@@ -2737,15 +2764,17 @@ void Residency::do_restore(Device& d, const Job& job) {
           trim_to = budget > d.physical + e->pages ? budget - d.physical - e->pages : 0;
         }
         if (ready) ++e->busy;
-        d.mover_state =
-            (ready ? std::string("mapping its pages")
-                   : "waiting for room: " + byte_size(d.physical) + " held of the budget's " +
-                         byte_size(settings_.budget_bytes) + ", " + byte_size(e->pages) +
-                         " more; " + std::to_string(d.unmaps_in_flight) + " evictions in flight, " +
-                         (none_before ? "none" : "some") + " decided before it, the last relief " +
-                         (relief_failed ? "found nothing" : "set one going")) +
-            ", try " + std::to_string(attempt + 1) +
-            (failure.empty() ? std::string() : "; the last map failed: " + failure);
+        MoverState& state = d.mover_state;
+        state.known = true;
+        state.mapping = ready;
+        state.physical = d.physical;
+        state.budget = settings_.budget_bytes;
+        state.pages = e->pages;
+        state.unmaps_in_flight = d.unmaps_in_flight;
+        state.none_before = none_before;
+        state.relief_failed = relief_failed;
+        state.attempt = attempt;
+        if (!failure.empty()) state.failure = failure;
       }
     }
     if (trim_to) engine().trim_spares(d.ordinal, *trim_to);
@@ -2785,7 +2814,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(job.slot);
-    d.mover_state.clear();
+    d.mover_state = MoverState();
     d.physical += slot->mapped_bytes;
     stats_.resident_bytes += slot->mapped_bytes;
     stats_.peak_resident = std::max(stats_.peak_resident, stats_.resident_bytes);
