@@ -245,11 +245,19 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   uint64_t largest = 0;
   for (const windows::Candidate& c : candidates) largest = std::max(largest, c.bytes);
   uint64_t allowed = 0;  // what the lent slots may hold at once (0: what the schedule needs)
+  uint64_t kept = 0;     // of the budget, what the rest of the program needs beside them
+  residency::Others rest;
   if (s.mode == Mode::automatic) {
     uint64_t total = others;
     for (const windows::Candidate& c : candidates) total += c.bytes;
     if (s.budget_bytes == 0 || total <= s.budget_bytes) return nullptr;  // no pressure known
-    allowed = s.budget_bytes > others ? s.budget_bytes - others : 1;
+    // Residency counts the reserve as held from the first launch on, between launches too: it
+    // leaves the rest of the program the reserves of graphs rewritten before and room for the
+    // largest launch seen so far (torch.compile's eager work between its graphs, which a reserve
+    // of the whole budget left without any: bench/results/torch_compile_budget_h200.md).
+    rest = residency::others(device);
+    kept = others + rest.lent + rest.largest_launch;
+    allowed = s.budget_bytes > kept ? s.budget_bytes - kept : 1;
     ws.target = allowed;
   }
   windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
@@ -375,6 +383,17 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
       hex(reinterpret_cast<uintptr_t>(graph)), g->windows, scan.order.size(), g->slots.size(),
       byte_size(lent_bytes), byte_size(choice.peak_bytes), byte_size(choice.total_bytes),
       byte_size(choice.moved_bytes));
+  if (s.mode == Mode::automatic && choice.peak_bytes > allowed) {
+    log().warn(
+        "inside one graph: graph {} leaves the rest of the program too little of "
+        "residency.budget ({}): its windows hold at least {} at once, and beside them the budget "
+        "has to hold its other slots ({}), the reserves of graphs rewritten before ({}) and the "
+        "largest launch so far ({}). Launches may be refused for want of memory; a budget of at "
+        "least {} leaves that room",
+        hex(reinterpret_cast<uintptr_t>(graph)), byte_size(s.budget_bytes),
+        byte_size(choice.peak_bytes), byte_size(others), byte_size(rest.lent),
+        byte_size(rest.largest_launch), byte_size(choice.peak_bytes + kept));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   // Another instantiation may have taken one of them meanwhile: then this one is not rewritten.
   for (const Lent& lent : g->slots) {

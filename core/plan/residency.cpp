@@ -426,6 +426,12 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     return budget_locked(d);
   }
+  Others others(int ordinal) {
+    std::lock_guard<std::mutex> submit(submit_);
+    Device& d = device(ordinal);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {d.lent, d.largest_launch};
+  }
   CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
   void close_uses(CUstream stream) {
     std::lock_guard<std::mutex> submit(submit_);
@@ -1688,6 +1694,7 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         need_pages += e->pages;
         if (e->where != Where::resident) new_pages += e->pages;
       }
+      d.largest_launch = std::max(d.largest_launch, need_pages);
       refresh = new_pages > 0 && !refreshed && settings_.budget_bytes == 0;
       const Budget budget = budget_locked(d);
       if (!refresh && need_pages > budget.limit) {
@@ -1753,7 +1760,12 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                      " not yet evictable on the device, " + byte_size(d.lent) +
                      " lent to the executor; waited " +
                      std::to_string(trace::us_since(started) / 1000) + " ms, " +
-                     std::to_string(capture_gate::open()) + " captures open); nothing was launched";
+                     std::to_string(capture_gate::open()) +
+                     " captures open); nothing was launched" +
+                     (d.lent > 0 ? std::string("; the executors of rewritten graphs keep their "
+                                               "reserves between launches (a warning at their "
+                                               "rewrite names the budget that leaves room)")
+                                 : std::string());
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }
@@ -3514,6 +3526,7 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_sched
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
+Others others(int device) { return the().others(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {

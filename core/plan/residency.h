@@ -156,6 +156,17 @@ struct Budget {
 };
 Budget budget(int device);
 
+// What the rest of the program takes of `device`'s budget, for a graph about to be rewritten
+// (core/plan/inside.h), whose executor's reserve must leave it: the reserves lent to executors
+// already, and the most bytes of slots that one launch has needed so far (a rewritten graph's
+// reserve stays counted between its launches, and the program's other work needs at least that
+// much room then).
+struct Others {
+  uint64_t lent = 0;
+  uint64_t largest_launch = 0;
+};
+Others others(int device);
+
 // The program's own allocation on `device` failed for want of memory: evict slots that no
 // launch in flight needs until `bytes` and residency.reserve more are free (the reserve stays
 // free after the allocation, for the driver's own needs), waiting (bounded) for their copies.
