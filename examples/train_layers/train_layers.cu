@@ -134,6 +134,7 @@ struct Options {
   bool whole = false;        // --graph whole: one graph per step
   int set_params_step = -1;  // --graph whole: -1: never
   int extra_mib = 0;         // 0: none
+  int eager_mib = 0;         // 0: none
   uint32_t work = 0;         // rounds of mixing per element in the layer kernels
   long limit_mib = 0;        // 0: the whole device
   const char* out = nullptr;
@@ -146,7 +147,7 @@ void usage(FILE* to) {
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
       "                    [--graph layers|whole] [--set-params-step N] [--work N]\n"
-      "                    [--out FILE] [--quiet]\n"
+      "                    [--eager-mib N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -194,6 +195,10 @@ void usage(FILE* to) {
       "                  backward kernel (default 0): device time for the copies to hide\n"
       "                  behind, as a real layer's compute gives (on the H200, --work 2000\n"
       "                  with 32 MiB buffers is about 2.4 ms per kernel); the checksum changes\n"
+      "  --eager-mib N   eager work of its own beside the graphs, as an optimizer outside them:\n"
+      "                  a kernel fills a buffer of N MiB (cudaMalloc) once before the\n"
+      "                  graphs are captured and again every step after them; the\n"
+      "                  checksum is the same\n"
       "  --out FILE      also write the checksum and the time per step there, as JSON\n"
       "  --quiet      print only the checksum line\n");
 }
@@ -228,6 +233,7 @@ Options parse(int argc, char** argv) {
                                  {"graph", required_argument, nullptr, 'g'},
                                  {"set-params-step", required_argument, nullptr, 'k'},
                                  {"work", required_argument, nullptr, 'W'},
+                                 {"eager-mib", required_argument, nullptr, 'E'},
                                  {nullptr, 0, nullptr, 0}};
   int c = 0;
   int index = 0;
@@ -295,6 +301,10 @@ Options parse(int argc, char** argv) {
       case 'x':
         ok = parse_number(optarg, 1, 1 << 20, &v);
         o.extra_mib = static_cast<int>(v);
+        break;
+      case 'E':
+        ok = parse_number(optarg, 1, 1 << 12, &v);
+        o.eager_mib = static_cast<int>(v);
         break;
       case 'm':
         ok = parse_number(optarg, 1, 1L << 30, &v);
@@ -377,6 +387,14 @@ uint32_t* malloc_during_capture(size_t bytes) {
   void* p = nullptr;
   CHECK(cudaMalloc(&p, bytes));
   CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  return static_cast<uint32_t*>(p);
+}
+
+// --eager-mib: the optimizer's own state, allocated in a function of its own so that a policy can
+// select it by call site (selection.include), as the graphs' buffers by malloc_during_capture.
+__attribute__((noinline)) uint32_t* malloc_state(size_t bytes) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, bytes));
   return static_cast<uint32_t*>(p);
 }
 
@@ -505,6 +523,18 @@ int main(int argc, char** argv) {
     CHECK(cudaMemsetAsync(L.acc, 0, bytes, launch.stream));
     CHECK(cudaMemsetAsync(L.x, 0, bytes, launch.stream));
     CHECK(cudaMemsetAsync(L.gy, 0, bytes, launch.stream));
+  }
+  // --eager-mib: the optimizer's own buffer, on the first layer's device, filled before any
+  // capture (warm-up) and after every step's graphs.
+  uint32_t* eager = nullptr;
+  const auto eager_step = [&](uint32_t seed) {
+    uint32_t elements = static_cast<uint32_t>((size_t(o.eager_mib) << 20) / sizeof(uint32_t));
+    if (eager != nullptr) on(layers.front())((const void*)fill_kernel, {&eager, &seed, &elements});
+  };
+  if (o.eager_mib > 0) {
+    on(layers.front());
+    eager = malloc_state(size_t(o.eager_mib) << 20);
+    eager_step(0);
   }
   int captured_allocations = 0;
   for (Layer& L : layers) {
@@ -684,6 +714,7 @@ int main(int argc, char** argv) {
     for (size_t l = 0; l < layers.size() && !o.whole; ++l) {
       on(layers[l])((const void*)update_kernel, {&layers[l].w, &layers[l].acc, &n});
     }
+    eager_step(static_cast<uint32_t>(step) + 1);
     if (o.batch_copies) {
       // The loss's source and the first layer's output (not part of the checksum) in one batch.
       on(first);
@@ -786,6 +817,7 @@ int main(int argc, char** argv) {
   }
   on(first);
   if (extra != nullptr) CHECK(cudaFree(extra));
+  if (eager != nullptr) CHECK(cudaFree(eager));
   if (o.api_graph) {
     CHECK(cudaGraphExecDestroy(peek_exec));
     CHECK(cudaGraphDestroy(peek_graph));

@@ -10,6 +10,11 @@
 #   3. Capacity: a 100 MiB device, where the whole graph runs out of memory without vaswap, runs
 #      it under residency.budget=28MiB (automatic mode: only the windows the budget needs), same
 #      checksum, the lent slots within the reserve.
+#      Beside eager work of its own (--eager-mib 8, as torch.compile's between its graphs, its
+#      buffer a slot too): the rewrite's reserve leaves that work's room, which it first needs
+#      before the capture (evicted while the graph is captured: its pinned copy is made in the
+#      relaxed capture mode); a budget too small for both is named at the rewrite, with the
+#      budget that would do, and the refused launch says why.
 #   4. Fallbacks: without stream memory operations the graph is instantiated as captured, said
 #      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
 #      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
@@ -102,6 +107,31 @@ assert s["oom_launches"] == 0 and s["errors"] == 0 and s["inside_failures"] == 0
 windows, held = rw[0]["windows"], s["inside_peak_held"] / MiB
 print(f"     {windows} windows; held at most {held:.0f} MiB")
 '
+
+# Eager work beside the graph: the demo's buffers by call site, the graph's and the optimizer's.
+eager="$base,selection.captured_only=false,selection.include=*::malloc_*,inside.lead=2"
+got=$(VASWAP_SIM_DEVICE_MEMORY=100MiB VASWAP_CONF="$eager,residency.budget=28MiB,log.level=info" \
+    run --trace "$tmp/eager.jsonl" -- "$demo" --quiet --steps 20 --graph whole --eager-mib 8 \
+    2>"$tmp/err") || fail "eager: the demo failed under vaswap: $(grep error "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "eager: checksum '$got', without vaswap '$want'"
+echo "ok   eager: $got"
+check eager '
+assert s["slots"] == 33 and len(rw) == 1, (s, rw)
+assert rw[0]["held_peak"] <= (28 - 8) * MiB, rw  # the eager launch keeps its 8 MiB
+assert s["inside_launches"] == 20 and s["oom_launches"] == 0 and s["errors"] == 0, s
+held = rw[0]["held_peak"] // MiB
+print(f"     the graph held at most {held} MiB of the 28, the eager work 8")
+'
+set +e
+VASWAP_SIM_DEVICE_MEMORY=100MiB VASWAP_CONF="$eager,residency.budget=12MiB,residency.wait_limit=2s" \
+  run -- "$demo" --quiet --steps 20 --graph whole --eager-mib 8 >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 ]] || fail "eager at 12 MiB: the graph and the eager work fit, the case proves nothing"
+grep -q "leaves the rest of the program too little of residency.budget (12 MiB).*a budget of at least 16 MiB" \
+  "$tmp/err" || fail "eager at 12 MiB: the rewrite does not name the budget that leaves room"
+grep -q "keep their reserves between launches" "$tmp/err" || fail "eager at 12 MiB: refusal unnamed"
+echo "ok   eager at 12 MiB: the rewrite names a budget of 16 MiB, the refused launch says why"
 
 # 4. Fallbacks.
 whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
