@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "base/driver.h"
 #include "base/errors.h"
 
 namespace vaswap {
@@ -31,10 +32,14 @@ CUDA_MEMCPY3D copy_params(CUdeviceptr va, void* host, size_t bytes, bool to_host
 
 namespace {
 
-// A graph of the one node `add` puts in it, instantiated and uploaded on `stream`.
+// A graph of the one node `add` puts in it, instantiated and uploaded on `stream`. Made on the
+// application's thread too, while its stream captures (an eviction decided for a copy recorded
+// into the capture): instantiating in the global capture mode fails and invalidates that capture
+// (torch.compile's graph trees on the H200, bench/results/torch_compile_budget_h200.md).
 template <class Add>
 CUgraphExec one_node_exec(const Driver& driver, CUstream stream, const char* add_call,
                           const std::string& subject, Add&& add) {
+  const RelaxedCapture relaxed(driver);
   const auto check = [&](CUresult rc, const char* call) {
     if (rc != CUDA_SUCCESS) fail(VASWAP_ERROR_CUDA, cuda_failure(call, rc, subject));
   };

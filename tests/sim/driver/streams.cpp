@@ -261,6 +261,19 @@ CUresult check_capture_safety() {
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+CUresult check_own_capture() {
+  if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  bool prohibited = false;
+  for (Capture* c : active_captures()) {
+    if (c->thread == std::this_thread::get_id() && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      invalidate(c);
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 CUresult check_device_sync(int device) {
   std::lock_guard<std::mutex> lock(capture_mutex());
   bool prohibited = false;
