@@ -16,6 +16,11 @@
 // The default run parks S both with cuStreamWaitValue32 and as vaswap does (a cuStreamBatchMemOp
 // of one wait), and also times copies between timing events, as vaswap's eviction worker does.
 // `park_probe --vmm` does vaswap's workers' VMM and pinned-memory calls while S is parked.
+// `park_probe --module` loads a module while S is parked, as Triton and torch.compile do between
+// launches: on a helper thread cuModuleLoadData (a PTX image), cuModuleGetFunction,
+// cuFuncSetAttribute and a launch on O; the main thread says which call has not returned after
+// 2 s, and whether a cuEventQuery on a third thread returns meanwhile (vaswap's workers query
+// events while a stream is parked); then it writes the flag and says whether all completed.
 // `park_probe --graphs` asks what the device handshake's copy graphs (core/transform/copy_graph.h)
 // need: while S is parked, a graph of one D2H memcpy node is made, instantiated, uploaded and
 // launched on O (does it run?); then an H2D graph into a VMM buffer whose pages were unmapped after
@@ -336,7 +341,104 @@ int graphs_while_parked() {
   return 0;
 }
 
+namespace {
+const char kPtx[] = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry probe_kernel(.param .u64 p)
+{
+  .reg .u64 %rd<3>;
+  .reg .u32 %r<2>;
+  ld.param.u64 %rd1, [p];
+  cvta.to.global.u64 %rd2, %rd1;
+  mov.u32 %r1, 7;
+  st.global.u32 [%rd2], %r1;
+  ret;
+}
+)";
+}  // namespace
+
+int module_while_parked() {
+  Parked p;
+  if (!parked_setup(&p, 1)) return 1;
+  CUcontext context = nullptr;
+  cuCtxGetCurrent(&context);
+  cudaEvent_t other = nullptr;
+  cudaEventCreateWithFlags(&other, cudaEventDisableTiming);
+  cudaEventRecord(other, p.o);
+  cudaStreamSynchronize(p.o);
+  cuStreamWaitValue32(reinterpret_cast<CUstream>(p.s), reinterpret_cast<CUdeviceptr>(p.flag), 1,
+                      CU_STREAM_WAIT_VALUE_GEQ);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const char* steps[] = {"cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute",
+                         "cuLaunchKernel", "the kernel ran"};
+  int done = 0;  // steps done (atomic)
+  double ms[5] = {};
+  CUresult rcs[5] = {};
+  std::thread loader([&] {
+    cuCtxSetCurrent(context);
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+    for (int k = 0; k < 5; ++k) {
+      const auto start = std::chrono::steady_clock::now();
+      CUresult rc = CUDA_SUCCESS;
+      if (k == 0) rc = cuModuleLoadData(&module, kPtx);
+      if (k == 1) rc = cuModuleGetFunction(&function, module, "probe_kernel");
+      if (k == 2) rc = cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
+      if (k == 3) {
+        CUdeviceptr target = p.a.va;
+        void* args[] = {&target};
+        rc = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(p.o), args,
+                            nullptr);
+      }
+      if (k == 4) rc = cuStreamSynchronize(reinterpret_cast<CUstream>(p.o));
+      rcs[k] = rc;
+      ms[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+      __atomic_store_n(&done, k + 1, __ATOMIC_RELEASE);
+      if (rc != CUDA_SUCCESS) return;
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  int seen = 0;
+  for (;;) {
+    seen = __atomic_load_n(&done, __ATOMIC_ACQUIRE);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seen == 5 || waited > 2.0 * (seen + 1)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // A worker's event query meanwhile, on a thread of its own.
+  double query_ms = -1;
+  std::thread querier([&] {
+    cuCtxSetCurrent(context);
+    const auto q = std::chrono::steady_clock::now();
+    cudaEventQuery(other);
+    query_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - q).count();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const bool query_returned = query_ms >= 0;
+  if (seen < 5) {
+    std::printf("S parked: %s had not returned after %.1f s (earlier steps:", steps[seen],
+                2.0 * (seen + 1));
+  } else {
+    std::printf("S parked: every step returned (");
+  }
+  for (int k = 0; k < seen; ++k) std::printf(" %s %.1f ms rc %d;", steps[k], ms[k], rcs[k]);
+  std::printf(") ; an event query on another thread meanwhile %s\n",
+              query_returned ? "returned" : "DID NOT RETURN within 0.5 s");
+  __atomic_store_n(p.flag, 1u, __ATOMIC_RELEASE);
+  loader.join();
+  querier.join();
+  std::printf("after the flag was written: %d of 5 steps done (last rc %d, %.1f ms); the query took "
+              "%.1f ms\n",
+              __atomic_load_n(&done, __ATOMIC_ACQUIRE), rcs[4], ms[4], query_ms);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--module") == 0) return module_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--graphs") == 0) return graphs_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
   if (argc > 1 && std::strcmp(argv[1], "--vmm") == 0) return vmm_while_parked();
