@@ -385,7 +385,8 @@ int module_while_parked() {
       CUresult rc = CUDA_SUCCESS;
       if (k == 0) rc = cuModuleLoadData(&module, kPtx);
       if (k == 1) rc = cuModuleGetFunction(&function, module, "probe_kernel");
-      if (k == 2) rc = cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
+      if (k == 2)
+        rc = cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
       if (k == 3) {
         CUdeviceptr target = p.a.va;
         void* args[] = {&target};
@@ -415,7 +416,8 @@ int module_while_parked() {
     cuCtxSetCurrent(context);
     const auto q = std::chrono::steady_clock::now();
     cudaEventQuery(other);
-    query_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - q).count();
+    query_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - q).count();
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const bool query_returned = query_ms >= 0;
@@ -431,9 +433,10 @@ int module_while_parked() {
   __atomic_store_n(p.flag, 1u, __ATOMIC_RELEASE);
   loader.join();
   querier.join();
-  std::printf("after the flag was written: %d of 5 steps done (last rc %d, %.1f ms); the query took "
-              "%.1f ms\n",
-              __atomic_load_n(&done, __ATOMIC_ACQUIRE), rcs[4], ms[4], query_ms);
+  std::printf(
+      "after the flag was written: %d of 5 steps done (last rc %d, %.1f ms); the query took "
+      "%.1f ms\n",
+      __atomic_load_n(&done, __ATOMIC_ACQUIRE), rcs[4], ms[4], query_ms);
   return 0;
 }
 
