@@ -489,7 +489,7 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
       CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
       CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
   if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-  SIM_TRY(check_own_capture());
+  SIM_TRY(check_capture_safety(/*own_only=*/true));
   int dev = 0;
   SIM_TRY(current_device(&dev));
   auto exec = std::make_shared<GraphExec>();

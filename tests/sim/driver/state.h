@@ -275,11 +275,11 @@ std::mutex& capture_mutex();
 CUresult resolve_stream(CUstream h, std::shared_ptr<Stream>* out);
 std::shared_ptr<Event> lookup_event(CUevent h);
 // The rule for potentially unsafe calls during stream capture (see docs/SIMULATOR.md).
-CUresult check_capture_safety();
-// The same rule for a thread's own capture only: instantiating a graph while the calling thread
-// captures in a mode other than relaxed (measured on the H200: cuGraphInstantiateWithFlags fails
-// with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture is invalidated).
-CUresult check_own_capture();
+// `own_only`: the rule for the thread's own capture alone, as for instantiating a graph while
+// the calling thread captures in a mode other than relaxed (measured on the H200:
+// cuGraphInstantiateWithFlags fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture
+// is invalidated).
+CUresult check_capture_safety(bool own_only = false);
 // A device-wide synchronize (cuCtxSynchronize): it may not run while any stream of the device
 // captures, whatever the capture's mode and thread (as on the H200: the call fails and every such
 // capture is invalidated).

@@ -244,29 +244,17 @@ std::shared_ptr<Event> lookup_event(CUevent h) {
 // are prohibited while the thread itself has a non-relaxed capture open, and, for a thread in
 // global mode, while any other thread has a global-mode capture open. A prohibited call fails
 // and invalidates the captures it interfered with.
-CUresult check_capture_safety() {
+CUresult check_capture_safety(bool own_only) {
   if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
   std::lock_guard<std::mutex> lock(capture_mutex());
   bool prohibited = false;
   const auto self = std::this_thread::get_id();
   for (Capture* c : active_captures()) {
     const bool own = c->thread == self && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
-    const bool foreign = c->thread != self && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+    const bool foreign = !own_only && c->thread != self &&
+                         c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
                          tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
     if (own || foreign) {
-      invalidate(c);
-      prohibited = true;
-    }
-  }
-  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
-}
-
-CUresult check_own_capture() {
-  if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
-  std::lock_guard<std::mutex> lock(capture_mutex());
-  bool prohibited = false;
-  for (Capture* c : active_captures()) {
-    if (c->thread == std::this_thread::get_id() && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
       invalidate(c);
       prohibited = true;
     }
