@@ -242,12 +242,13 @@ R launch_with_room(const Call& call, Real&& real) {
 }
 
 // Device handshake: a kernel's first launch (lazy module loading) waits on the host until no
-// stream is parked on a restore (intercept::settle); false, with the error in `rc`, when that
-// wait ran out. Called after the launch's own slots are made resident (that may park its stream).
+// stream is parked on a restore (intercept::settle), and `quiet` keeps any from being parked again
+// until the launch is made; false, with the error in `rc`, when that wait ran out. Called after
+// the launch's own slots are made resident (that may park its stream).
 template <class R>
-bool settled(const Call& call, const void* function, R* rc) {
+bool settled(const Call& call, const void* function, R* rc, intercept::Quiet* quiet) {
   if (!intercept::first_launch(function)) return true;
-  const CUresult settled_rc = intercept::settle(call, "the first launch of a kernel");
+  const CUresult settled_rc = intercept::settle(call, "the first launch of a kernel", quiet);
   if (settled_rc == CUDA_SUCCESS) return true;
   *rc = to_status<R>(settled_rc);
   return false;
@@ -467,8 +468,9 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
     if (!handle()) return real(exec, graph, rest);
     Scope scope;
     // Instantiating loads the graph's kernels: not while a stream is parked (device handshake).
+    intercept::Quiet quiet;
     if (intercept::settles()) {
-      if (const CUresult settled_rc = intercept::settle(call, "an instantiation");
+      if (const CUresult settled_rc = intercept::settle(call, "an instantiation", &quiet);
           settled_rc != CUDA_SUCCESS) {
         return to_status<R>(settled_rc);
       }
@@ -621,14 +623,15 @@ template <class R, class Forward>
 R launch_kernel(const Call& call, CUstream stream, const intercept::Kernel& kernel, void** params,
                 void** extra, Forward&& forward) {
   R rc{};
+  intercept::Quiet quiet;
   if (!intercept::eager_wanted()) {
-    if (!settled(call, kernel.key, &rc)) return rc;
+    if (!settled(call, kernel.key, &rc, &quiet)) return rc;
     return launch_with_room<R>(call, forward);  // a runtime launch's driver call is handled
   }
   Scope scope;
   const auto ticket = intercept::eager_kernel(call, stream, kernel, params, extra);
   if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-  if (settled(call, kernel.key, &rc)) rc = launch_with_room<R>(call, forward);
+  if (settled(call, kernel.key, &rc, &quiet)) rc = launch_with_room<R>(call, forward);
   intercept::eager_done(ticket);
   return rc;
 }
@@ -638,7 +641,8 @@ R launch_kernel(const Call& call, CUstream stream, const intercept::Kernel& kern
 template <class R, class Forward>
 R driver_launch_unhandled(const Call& call, const void* function, Forward&& forward) {
   R rc{};
-  if (intercept::on() && !settled(call, function, &rc)) return rc;
+  intercept::Quiet quiet;
+  if (intercept::on() && !settled(call, function, &rc, &quiet)) return rc;
   return launch_with_room<R>(call, forward);
 }
 
@@ -961,6 +965,30 @@ struct StreamGone<R (*)(S)> {
     Scope scope;
     intercept::stream_destroying(call, reinterpret_cast<CUstream>(stream));
     return real(stream);
+  }
+};
+
+// A module or library load (cuModuleLoadData, cuLibraryLoadData, ...: Triton, NVRTC and other
+// JIT compilers reach the driver so). On the H200 a load does not return while a stream is parked
+// on a wait-value, and a worker's copy that would write the flag waits behind it: with the device
+// handshake, it runs only once no stream is parked, and none is parked again until it returns.
+// Nothing else is done here, and nothing starts vaswap: cudart loads its own modules this way
+// while it initializes, inside the first call of the program.
+template <class Fn>
+struct Load;
+template <class R, class... A>
+struct Load<R (*)(A...)> {
+  R (*real)(A...);
+  Call call;
+  R operator()(A... args) const {
+    if (tls_depth != 0 || !intercept::settles()) return real(args...);
+    Scope scope;
+    intercept::Quiet quiet;
+    if (const CUresult settled_rc = intercept::settle(call, "a module load", &quiet);
+        settled_rc != CUDA_SUCCESS) {
+      return settled_rc;
+    }
+    return real(args...);
   }
 };
 

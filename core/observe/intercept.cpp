@@ -945,7 +945,7 @@ Ticket launched(const Call& call, CUgraphExec exec, CUstream stream) {
     // Its first launch uploads the graph. With the device handshake, not while a stream (this
     // one included, just now) is parked: that hangs on the H200.
     if (residency::parks_streams()) {
-      const CUresult rc = settle(call, "the first launch of a graph");
+      const CUresult rc = settle(call, "the first launch of a graph", &ticket.quiet);
       if (rc != CUDA_SUCCESS) {
         residency::used(ticket.acquired);  // nothing will run: only the slots' pins go
         ticket.acquired = residency::Acquired{};
@@ -1116,11 +1116,11 @@ bool first_launch(const void* function) {
   return t.launched_functions.insert(function).second;
 }
 
-bool settles() { return residency::parks_streams(); }
+bool settles() { return routing_on() && residency::parks_streams(); }
 
-CUresult settle(const Call& call, const char* work) {
+CUresult settle(const Call& call, const char* work, residency::Quiet* quiet) {
   std::string why;
-  const CUresult rc = residency::settle(std::string(work) + " (" + call.symbol + ")", &why);
+  const CUresult rc = residency::settle(std::string(work) + " (" + call.symbol + ")", &why, quiet);
   if (rc != CUDA_SUCCESS) {
     log().error("{}; the call returns {}", why, cuda_error_name(rc));
     if (trace::enabled()) {

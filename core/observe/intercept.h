@@ -168,11 +168,14 @@ void eager_done(const Ticket& ticket);
 // True when `function` (a runtime host stub or a CUfunction) is launched for the first time while
 // the device handshake is in use (residency::parks_streams). One relaxed load otherwise.
 bool first_launch(const void* function);
-// True while the device handshake is in use: an instantiation settles first.
+// True while the device handshake is in use: an instantiation or a module load settles first.
+// Starts nothing (a module load asks it from inside cudart's initialization).
 bool settles();
+using Quiet = residency::Quiet;
 // First-time work waits on the host until no stream is parked on a restore
-// (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log.
-CUresult settle(const Call& call, const char* work);
+// (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log. With
+// `quiet`, no stream is parked again until it is released (after the work).
+CUresult settle(const Call& call, const char* work, residency::Quiet* quiet = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Device state

@@ -54,6 +54,7 @@ struct Ticket {
   std::string message;
   residency::Acquired acquired;
   launch_times::Timing timing;  // a graph launch's timing events (trace.launch_times)
+  residency::Quiet quiet;       // a first launch's: no stream parked until it is enqueued
 };
 
 // Before and after the real graph launch. `slots`: the slots the graph's nodes reference.

@@ -439,7 +439,11 @@ class Residency {
   }
   Stats stats();
   bool parks_streams() const { return parks_.load(std::memory_order_acquire); }
-  CUresult settle(const std::string& what, std::string* why);
+  CUresult settle(const std::string& what, std::string* why, bool hold);
+  void unquiet() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --settling_;
+  }
 
  private:
   // *_locked: under mutex_, no driver calls.
@@ -2322,11 +2326,13 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
 // here, on the host, until every flag a stream waits for is written. Once everything has run once
 // nothing waits. The flags are written by the device, so the wait polls them (20 us, doubling to
 // 1 ms), bounded by residency.wait_limit.
-CUresult Residency::settle(const std::string& what, std::string* why) {
+CUresult Residency::settle(const std::string& what, std::string* why, bool hold) {
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::microseconds(20);
   bool waited = false;
-  struct Settling {  // counted from the first wait until this returns
+  // Counted from the first wait (held: from the start) until this returns, or, held, until the
+  // caller's Quiet is released.
+  struct Settling {
     Residency& r;
     bool counted = false;
     void count() {
@@ -2341,6 +2347,7 @@ CUresult Residency::settle(const std::string& what, std::string* why) {
       --r.settling_;
     }
   } settling{*this};
+  if (hold) settling.count();
   for (;;) {
     uint64_t limit = 0;
     {
@@ -2355,6 +2362,7 @@ CUresult Residency::settle(const std::string& what, std::string* why) {
           ++stats_.settle_waits;
           stats_.settle_wait_us += trace::us_since(start);
         }
+        if (hold) settling.counted = false;  // handed to the caller's Quiet
         return CUDA_SUCCESS;
       }
       limit = settings_.wait_limit_ns;
@@ -3538,6 +3546,16 @@ CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message)
 }
 Stats stats() { return the().stats(); }
 bool parks_streams() { return the().parks_streams(); }
-CUresult settle(const std::string& what, std::string* why) { return the().settle(what, why); }
+CUresult settle(const std::string& what, std::string* why, Quiet* quiet) {
+  if (quiet != nullptr) quiet->release();
+  const CUresult rc = the().settle(what, why, quiet != nullptr);
+  if (quiet != nullptr && rc == CUDA_SUCCESS) quiet->held_ = true;
+  return rc;
+}
+
+void Quiet::release() {
+  if (held_) the().unquiet();
+  held_ = false;
+}
 
 }  // namespace vaswap::residency

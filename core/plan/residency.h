@@ -31,6 +31,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace vaswap {
@@ -219,12 +220,36 @@ Stats stats();
 // Device handshake: true once a device's launches wait for restores on the device, so that
 // streams may be parked on flags.
 bool parks_streams();
+// Held by first-time work that settle() let go ahead: while any is held, restores park no stream
+// (they take the host path), so no stream is parked again before that work has run. Released
+// when it is destroyed.
+class Quiet {
+ public:
+  Quiet() = default;
+  Quiet(Quiet&& other) noexcept : held_(std::exchange(other.held_, false)) {}
+  Quiet& operator=(Quiet&& other) noexcept {
+    release();
+    held_ = std::exchange(other.held_, false);
+    return *this;
+  }
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+  ~Quiet() { release(); }
+  void release();
+  bool held() const { return held_; }
+
+ private:
+  friend CUresult settle(const std::string& what, std::string* why, Quiet* quiet);
+  bool held_ = false;
+};
+
 // Waits on the host until no stream is parked on a restore that has not landed. Called before
-// first-time work (a kernel's or a graph's first launch, an instantiation): lazy module loading
-// and graph upload wait for the whole context, and on the H200 hang while a stream is parked
-// (docs/PLANNER.md, "Handshakes"). Bounded by residency.wait_limit: past it,
-// CUDA_ERROR_LAUNCH_TIMEOUT, and `why` says what waited for what.
-CUresult settle(const std::string& what, std::string* why);
+// first-time work (a kernel's or a graph's first launch, an instantiation, a module load): module
+// loading and graph upload wait for the whole context, and on the H200 hang while a stream is
+// parked (docs/PLANNER.md, "Handshakes"). Bounded by residency.wait_limit: past it,
+// CUDA_ERROR_LAUNCH_TIMEOUT, and `why` says what waited for what. With `quiet`, on success it
+// holds `*quiet` until that work is done, so that no other thread parks a stream meanwhile.
+CUresult settle(const std::string& what, std::string* why, Quiet* quiet = nullptr);
 
 }  // namespace residency
 }  // namespace vaswap

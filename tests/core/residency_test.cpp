@@ -662,6 +662,49 @@ TEST_F(ResidencyTest, RestoresParkNothingWhileFirstTimeWorkSettles) {
   });
 }
 
+// A settle that lets first-time work go (a module load, an instantiation, a first launch) can hold
+// a Quiet until that work is done: meanwhile a restore parks no stream (it takes the host path),
+// so no other thread parks one between the settle and the load, which on the H200 would wait for
+// it. Once released, restores park streams again.
+TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
+  on_device(6, [&] {
+    configure(1 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    fill(a, 81);
+    fill(b, 82);  // a leaves
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a}, false);
+    std::string why;
+    residency::Quiet quiet;
+    ASSERT_EQ(residency::settle("a module load", &why, &quiet), CUDA_SUCCESS) << why;
+    EXPECT_TRUE(quiet.held());
+    const uint64_t before = residency::stats().host_path_restores;
+    std::string message;
+    residency::Acquired for_a;
+    ASSERT_EQ(CUDA_SUCCESS,
+              residency::acquire({a}, stream_, "a launch during the load", &for_a, &message))
+        << message;
+    EXPECT_EQ(residency::stats().host_path_restores, before + 1)
+        << "a's restore parked a stream while settled first-time work held a Quiet";
+    residency::used(for_a);
+    quiet.release();
+    EXPECT_FALSE(quiet.held());
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    residency::Acquired for_b;  // b left for a; its restore parks the stream again
+    ASSERT_EQ(CUDA_SUCCESS,
+              residency::acquire({b}, stream_, "a launch after the load", &for_b, &message))
+        << message;
+    EXPECT_EQ(residency::stats().host_path_restores, before + 1);
+    EXPECT_FALSE(for_b.host_waited);
+    EXPECT_EQ(for_b.waits, 1u);
+    residency::used(for_b);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    expect_holds(b, 82);
+    expect_holds(a, 81);
+  });
+}
+
 // A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
 // acquire for one returns only once the slot's pages are mapped again, and the copy, enqueued at
 // once, reads the data back in full.
