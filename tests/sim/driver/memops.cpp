@@ -46,6 +46,21 @@ void store(CUdeviceptr address, T value) {
 template <class T>
 void wait_for(CUdeviceptr address, T value, unsigned flags) {
   const unsigned condition = flags & kWaitConditions;
+  if (holds(load<T>(address), value, condition)) return;
+  // Parked: counted on the device whose stream runs the wait (a module load waits for none to be).
+  struct Parked {
+    std::atomic<int>* count = tls_worker_device >= 0
+                                  ? &devices()[static_cast<size_t>(tls_worker_device)].parked
+                                  : nullptr;
+    Parked() {
+      if (count != nullptr) count->fetch_add(1);
+    }
+    ~Parked() {
+      if (count != nullptr) count->fetch_sub(1);
+    }
+    Parked(const Parked&) = delete;
+    Parked& operator=(const Parked&) = delete;
+  } parked;
   // Polls, backing off to 50 us: a waiting stream costs a GPU nothing, and here it should cost
   // the host little.
   auto pause = std::chrono::microseconds(1);

@@ -1,5 +1,7 @@
 // Simulated driver: modules (vaswap_sim_image instead of cubin), functions, kernel launches.
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "state.h"
 
@@ -78,6 +80,14 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   }
   int dev = 0;
   SIM_TRY(current_device(&dev));
+  // As on the H200 (bench/results/park_probe_module_h200.txt): a load does not return while a
+  // stream of the device is parked on a wait-value. And, as in the torch.compile warm-up stall
+  // there, where vaswap's worker stayed blocked in the driver meanwhile, no other thread enqueues
+  // work on the device until the load is done: a load that waits for a flag whose write is not
+  // enqueued yet never returns.
+  Device& device = devices()[static_cast<size_t>(dev)];
+  std::unique_lock<std::shared_mutex> loading(device.loading);
+  while (device.parked.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   auto* m = new Module;
   m->image = img;
   for (uint32_t i = 0; i < img->num_kernels; ++i) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -112,6 +113,11 @@ struct Device {
   std::condition_variable queue_cv;
   uint64_t queue_submitted = 0;   // sequence numbers handed out
   uint64_t queue_dispatched = 0;  // every operation up to this one has been dispatched
+  // A module load waits while a stream of the device is parked on a wait-value, and no other
+  // thread enqueues work on the device meanwhile (see cuModuleLoadData): a load holds `loading`
+  // exclusively, every enqueue shares it; `parked` counts the waits not yet satisfied.
+  std::shared_mutex loading;
+  std::atomic<int> parked{0};
 };
 
 std::vector<Device>& devices();

@@ -279,6 +279,8 @@ CUresult check_device_sync(int device) {
 CUresult submit(CUstream h, std::unique_ptr<Node> node) {
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(h, &s));
+  // Not while the device loads a module (Device::loading).
+  std::shared_lock<std::shared_mutex> loading(devices()[static_cast<size_t>(s->device)].loading);
   {
     std::lock_guard<std::mutex> lock(capture_mutex());
     if (Capture* c = s->capture) {

@@ -10,6 +10,8 @@ class MemopTest : public SimTest {
     SimTest::SetUp();
     ASSERT_CU(cuMemHostAlloc(reinterpret_cast<void**>(&flag_), 64, CU_MEMHOSTALLOC_PORTABLE));
     std::memset(flag_, 0, 64);
+    // The test kernels' module, loaded before any stream parks: a load waits for parked streams.
+    ASSERT_NE(sim_kernels::get("add_u32"), nullptr);
   }
   void TearDown() override {
     vaswapSimSetSingleQueue(0);
@@ -45,6 +47,53 @@ TEST_F(MemopTest, WaitValueHoldsTheStreamUntilTheConditionHolds) {
   EXPECT_EQ(8u, words[63]);
   ASSERT_CU(cuMemFree(buf));
   ASSERT_CU(cuStreamDestroy(s));
+}
+
+// As on the H200 (bench/results/park_probe_module_h200.txt): a module load does not return while
+// a stream of the device is parked on a wait-value, and meanwhile other threads' enqueues on the
+// device wait for the load (vaswap's worker stayed blocked in the driver so in torch.compile's
+// warm-up). Both go on once the flag is written.
+TEST_F(MemopTest, AModuleLoadWaitsForAParkedStreamAndHoldsBackEnqueues) {
+  CUstream s = nullptr, other = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CUcontext context = nullptr;
+  ASSERT_CU(cuCtxGetCurrent(&context));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
+  ASSERT_CU(cuStreamWaitValue32(s, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // s is parked
+  std::atomic<bool> loaded{false}, enqueued{false};
+  CUresult load_rc = CUDA_ERROR_UNKNOWN, enqueue_rc = CUDA_ERROR_UNKNOWN;
+  std::thread loader([&] {
+    cuCtxSetCurrent(context);
+    CUmodule module = nullptr;
+    load_rc = cuModuleLoadData(&module, &sim_kernels::kImage);
+    loaded.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread enqueuer([&] {
+    cuCtxSetCurrent(context);
+    enqueue_rc = cuMemsetD32Async(buf, 9, 64, other);
+    enqueued.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(loaded.load()) << "the load returned while s was parked";
+  EXPECT_FALSE(enqueued.load()) << "another thread enqueued while the load waited";
+  set_flag(1);
+  loader.join();
+  enqueuer.join();
+  EXPECT_EQ(CUDA_SUCCESS, load_rc);
+  EXPECT_EQ(CUDA_SUCCESS, enqueue_rc);
+  ASSERT_CU(cuStreamSynchronize(other));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(9u, reinterpret_cast<uint32_t*>(buf)[63]);
+  // Nothing parked: a load returns at once.
+  CUmodule again = nullptr;
+  ASSERT_CU(cuModuleLoadData(&again, &sim_kernels::kImage));
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(s));
+  ASSERT_CU(cuStreamDestroy(other));
 }
 
 TEST_F(MemopTest, GeqIsTheDriversCyclicComparison) {
