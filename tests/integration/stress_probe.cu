@@ -11,6 +11,12 @@
 // --copy3dpeer: the result is first copied into the round's second buffer with
 // cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
+// --jit: once a round, in the middle of its launches, each thread loads a new module through the
+// driver, as a JIT compiler (Triton, NVRTC) does: dlopen("libcuda.so.1"), cuModuleLoadData,
+// cuModuleGetFunction, and runs its kernel (a = c) with cuLaunchKernel in place of that launch's
+// add; the module stays loaded. The load comes while the thread's own stream, and others', may be
+// parked on restores.
+//
 // --free-while-capturing: instead of the rounds, one thread frees a buffer while another has a
 // capture (thread-local mode) open, then the capture ends and its graph runs: prints
 // "free while capturing: checksum 0x..." from the graph's result.
@@ -18,7 +24,9 @@
 // Prints "stress: threads T rounds R checksum 0x..." and exits 0 when every element of every
 // round holds its expected value; otherwise names the thread, round, element and values and
 // exits 1. A CUDA call that fails names itself and exits 1.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cinttypes>
@@ -32,6 +40,9 @@
 #include <vector>
 
 #include "vaswap_sim/kernel.h"
+#ifndef __CUDACC__
+#include "vaswap_sim/abi.h"
+#endif
 
 VSK_GLOBAL void fill_u32(uint32_t* out, uint32_t seed, uint32_t n) {
   VSK_FOR(i, n) { out[i] = static_cast<uint32_t>(i) * 2654435761u ^ seed; }
@@ -49,6 +60,7 @@ std::atomic<int> g_failed{0};
 bool g_legacy = false;
 bool g_copy2d = false;
 bool g_copy3d_peer = false;
+bool g_jit = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -69,6 +81,110 @@ void launch_add(uint32_t* y, const uint32_t* x, uint32_t value, cudaStream_t s, 
   uint32_t n = kElems;
   void* args[] = {&y, &x, &value, &n};
   *rc = cudaLaunchKernel(reinterpret_cast<const void*>(add_u32), dim3(256), dim3(256), args, 0, s);
+}
+
+// --jit: a module loaded through the driver at run time, as a JIT compiler's. Its one kernel is
+// copy_u32(uint32_t* dst, const uint32_t* src, uint32_t n): PTX on a GPU (the driver compiles it
+// at the load, as it does Triton's), a simulator image on the simulator (a host function and its
+// parameter layout, vaswap_sim/abi.h).
+#ifdef __CUDACC__
+const char kJitImage[] = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry copy_u32(.param .u64 dst, .param .u64 src, .param .u32 n)
+{
+  .reg .pred %p<2>;
+  .reg .u32 %r<8>;
+  .reg .u64 %rd<6>;
+  ld.param.u64 %rd1, [dst];
+  ld.param.u64 %rd2, [src];
+  ld.param.u32 %r1, [n];
+  cvta.to.global.u64 %rd1, %rd1;
+  cvta.to.global.u64 %rd2, %rd2;
+  mov.u32 %r2, %ctaid.x;
+  mov.u32 %r3, %ntid.x;
+  mov.u32 %r4, %tid.x;
+  mad.lo.u32 %r5, %r2, %r3, %r4;
+  mov.u32 %r6, %nctaid.x;
+  mul.lo.u32 %r6, %r6, %r3;
+LOOP:
+  setp.ge.u32 %p1, %r5, %r1;
+  @%p1 bra DONE;
+  mul.wide.u32 %rd3, %r5, 4;
+  add.u64 %rd4, %rd2, %rd3;
+  ld.global.u32 %r7, [%rd4];
+  add.u64 %rd5, %rd1, %rd3;
+  st.global.u32 [%rd5], %r7;
+  add.u32 %r5, %r5, %r6;
+  bra LOOP;
+DONE:
+  ret;
+}
+)";
+#else
+void copy_u32_entry(const void* args, const vaswap_sim_dims*) {
+  uint32_t* dst = nullptr;
+  const uint32_t* src = nullptr;
+  uint32_t n = 0;
+  std::memcpy(&dst, static_cast<const char*>(args), sizeof dst);
+  std::memcpy(&src, static_cast<const char*>(args) + 8, sizeof src);
+  std::memcpy(&n, static_cast<const char*>(args) + 16, sizeof n);
+  for (uint32_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+const uint32_t kCopyOffsets[] = {0, 8, 16};
+const uint32_t kCopySizes[] = {8, 8, 4};
+const vaswap_sim_kernel_desc kCopyKernel[] = {
+    {"copy_u32", &copy_u32_entry, 3, kCopyOffsets, kCopySizes, 24}};
+const vaswap_sim_image kJitImage = {VASWAP_SIM_IMAGE_MAGIC, VASWAP_SIM_IMAGE_VERSION, 1,
+                                    kCopyKernel};
+#endif
+
+// The driver's functions, as a JIT compiler finds them (dlsym into libcuda; vaswap routes them).
+struct JitDriver {
+  CUresult (*load)(CUmodule*, const void*) = nullptr;
+  CUresult (*get)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                     unsigned, CUstream, void**, void**) = nullptr;
+};
+
+const JitDriver* jit_driver() {
+  static const JitDriver driver = [] {
+    JitDriver d;
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (cuda == nullptr) return d;
+    d.load = reinterpret_cast<decltype(d.load)>(dlsym(cuda, "cuModuleLoadData"));
+    d.get = reinterpret_cast<decltype(d.get)>(dlsym(cuda, "cuModuleGetFunction"));
+    d.launch = reinterpret_cast<decltype(d.launch)>(dlsym(cuda, "cuLaunchKernel"));
+    return d;
+  }();
+  return driver.load != nullptr && driver.get != nullptr && driver.launch != nullptr ? &driver
+                                                                                     : nullptr;
+}
+
+// dst = src through a module loaded now; the launch is enqueued on `s` before this returns. The
+// module stays loaded, as a JIT compiler's cached kernels do.
+bool jit_copy(uint32_t* dst, const uint32_t* src, cudaStream_t s, int thread, int round) {
+  auto failed = [&](const char* call, CUresult rc) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::fprintf(stderr, "stress_probe: thread %d round %d: %s failed: %d\n", thread, round, call,
+                 static_cast<int>(rc));
+    g_failed.store(1);
+    return false;
+  };
+  const JitDriver* d = jit_driver();
+  if (d == nullptr) return failed("dlopen/dlsym libcuda.so.1", CUDA_ERROR_NOT_FOUND);
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  if (CUresult rc = d->load(&module, &kJitImage)) return failed("cuModuleLoadData", rc);
+  if (CUresult rc = d->get(&function, module, "copy_u32")) return failed("cuModuleGetFunction", rc);
+  uint32_t n = kElems;
+  void* args[] = {&dst, &src, &n};
+  if (CUresult rc = d->launch(function, 256, 1, 1, 256, 1, 1, 0, reinterpret_cast<CUstream>(s),
+                              args, nullptr)) {
+    return failed("cuLaunchKernel", rc);
+  }
+  return true;
 }
 
 // One thread's rounds. a -> (graph: b = a + 1; c = b + 2) -> (eager: a = c), kLaunches times:
@@ -107,7 +223,11 @@ void work(int thread, int rounds, uint64_t* checksum) {
     for (int k = 0; k < kLaunches; ++k) {
       CHECK(cudaGraphLaunch(exec, s));
       cudaError_t rc = cudaSuccess;
-      launch_add(a, c, 0, s, &rc);
+      if (g_jit && k == kLaunches / 2) {
+        if (!jit_copy(a, c, s, thread, round)) return;
+      } else {
+        launch_add(a, c, 0, s, &rc);
+      }
       CHECK(rc);
       if (k % 2 == 1) std::this_thread::yield();
     }
@@ -236,7 +356,7 @@ int free_while_capturing() {
 int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   const char* usage =
-      "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] "
+      "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] [--jit] "
       "[--free-while-capturing]\n";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--free-while-capturing") == 0) return free_while_capturing();
@@ -245,6 +365,7 @@ int main(int argc, char** argv) {
     bool* flag = std::strcmp(argv[i], "--legacy") == 0       ? &g_legacy
                  : std::strcmp(argv[i], "--copy2d") == 0     ? &g_copy2d
                  : std::strcmp(argv[i], "--copy3dpeer") == 0 ? &g_copy3d_peer
+                 : std::strcmp(argv[i], "--jit") == 0        ? &g_jit
                                                              : nullptr;
     if (flag != nullptr) {
       *flag = true;

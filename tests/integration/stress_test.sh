@@ -14,6 +14,8 @@
 #   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
 #      also on a device where a waiting stream holds back every later operation (as the H200's did),
 #      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
+#   5b. the same with a module loaded through the driver each round (--jit, as Triton does) while
+#      streams are parked: the load waits until none is (it hangs otherwise, as on the H200);
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
 #   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
@@ -86,6 +88,22 @@ evictions parks_hold_the_device 24
 # every run).
 VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_copy3dpeer 12MiB 24 --copy3dpeer
 evictions parks_hold_copy3dpeer 24
+# Modules loaded at run time through the driver, as JIT compilers do (--jit), under the device
+# handshake: on the H200 a load waits for a parked stream while the copy that would release it
+# waits for the load (the simulator models this, docs/SIMULATOR.md), so a load runs only once no
+# stream is parked, and none is parked until it returns. Without that, this run hangs until the
+# watchdog ends it.
+extra_conf=",residency.handshake=device" under jit 12MiB 24 --jit
+evictions jit 24
+python3 - "$tmp/jit.jsonl" <<'PY' || fail "jit"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+s = next(e for e in ev if e["ev"] == "summary")
+assert s["handshake"] == "device", s
+jit = [e for e in ev if e["ev"] == "eager" and e["call"] == "cuLaunchKernel"]
+assert len(jit) == 4 * 24, f"{len(jit)} launches of loaded modules seen, wanted 96"
+print(f"     {len(jit)} launches of modules loaded at run time; {s['settle_waits']} settles waited")
+PY
 under copy2d 12MiB 8 --copy2d
 evictions copy2d 8
 python3 - "$tmp/copy2d.jsonl" <<'PY' || fail "copy2d"
