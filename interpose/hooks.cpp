@@ -243,8 +243,9 @@ R launch_with_room(const Call& call, Real&& real) {
 
 // Device handshake: a kernel's first launch (lazy module loading) waits on the host until no
 // stream is parked on a restore (intercept::settle), and `quiet` keeps any from being parked again
-// until the launch is made; false, with the error in `rc`, when that wait ran out. Called after
-// the launch's own slots are made resident (that may park its stream).
+// until the launch is made; false, with the error in `rc`, when that wait ran out. Called before
+// anything else of the launch: reading a lazily loaded kernel's parameters loads it too, and its
+// own slots' restores then take the host path (the launch's stream is not parked).
 template <class R>
 bool settled(const Call& call, const void* function, R* rc, intercept::Quiet* quiet) {
   if (!intercept::first_launch(function)) return true;
@@ -616,22 +617,22 @@ intercept::Param runtime_param_info(const void* host_function, size_t index, siz
   return rc == cudaErrorInvalidValue ? intercept::Param::end : intercept::Param::unknown;
 }
 
-// What every kernel launch hook does once it handles the call: the kernel's slots made resident
-// (when eager work is scanned), first-time work settled (device handshake), then the real launch,
+// What every kernel launch hook does once it handles the call: first-time work settled (device
+// handshake), the kernel's slots made resident (when eager work is scanned), then the real launch,
 // retried after evictions if the driver refuses it for want of memory (driver launches).
 template <class R, class Forward>
 R launch_kernel(const Call& call, CUstream stream, const intercept::Kernel& kernel, void** params,
                 void** extra, Forward&& forward) {
   R rc{};
   intercept::Quiet quiet;
+  if (!settled(call, kernel.key, &rc, &quiet)) return rc;
   if (!intercept::eager_wanted()) {
-    if (!settled(call, kernel.key, &rc, &quiet)) return rc;
     return launch_with_room<R>(call, forward);  // a runtime launch's driver call is handled
   }
   Scope scope;
   const auto ticket = intercept::eager_kernel(call, stream, kernel, params, extra);
   if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
-  if (settled(call, kernel.key, &rc, &quiet)) rc = launch_with_room<R>(call, forward);
+  rc = launch_with_room<R>(call, forward);
   intercept::eager_done(ticket);
   return rc;
 }
@@ -985,6 +986,44 @@ struct Load<R (*)(A...)> {
     Scope scope;
     intercept::Quiet quiet;
     if (const CUresult settled_rc = intercept::settle(call, "a module load", &quiet);
+        settled_rc != CUDA_SUCCESS) {
+      return settled_rc;
+    }
+    return real(args...);
+  }
+};
+
+// A kernel's lookup (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, ...): under
+// lazy loading, CUDA's default, the first lookup of a kernel loads it, and a load waits for
+// parked streams as Load's do. Settled as a load, the first time a handle and name are asked for
+// in a context only: programs may look kernels up before every launch, and a settle in steady
+// state would make their thread wait for restores.
+template <class O, class H>
+std::pair<const void*, const char*> lookup_of(O*, H handle, const char* name) {
+  return {reinterpret_cast<const void*>(handle), name};
+}
+template <class O, class H>
+std::pair<const void*, const char*> lookup_of(O*, H handle) {
+  return {reinterpret_cast<const void*>(handle), nullptr};
+}
+template <class H>
+std::pair<const void*, const char*> lookup_of(H handle) {
+  return {reinterpret_cast<const void*>(handle), nullptr};
+}
+
+template <class Fn>
+struct Lookup;
+template <class R, class... A>
+struct Lookup<R (*)(A...)> {
+  R (*real)(A...);
+  Call call;
+  R operator()(A... args) const {
+    if (tls_depth != 0 || !intercept::settles()) return real(args...);
+    const auto [handle, name] = lookup_of(args...);
+    if (!intercept::first_lookup(handle, name)) return real(args...);
+    Scope scope;
+    intercept::Quiet quiet;
+    if (const CUresult settled_rc = intercept::settle(call, "a kernel's first lookup", &quiet);
         settled_rc != CUDA_SUCCESS) {
       return settled_rc;
     }

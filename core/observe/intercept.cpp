@@ -11,9 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "base/capture_gate.h"
@@ -171,8 +172,11 @@ struct Tables {
   // Kernel parameter layouts (offset, size), by function, for scanning eager launches.
   std::mutex layouts_mutex;
   std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> layouts;
-  // Kernels launched at least once, kept only while the device handshake is in use (settle).
-  std::unordered_set<const void*> launched_functions;
+  // Kernels launched at least once, in each context (a runtime kernel's module is loaded per
+  // device, at its first launch there), kept only while the device handshake is in use (settle).
+  std::set<std::pair<const void*, CUcontext>> launched_functions;
+  // Kernel lookups made at least once (handle, name, context), likewise.
+  std::set<std::tuple<const void*, std::string, CUcontext>> lookups;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
   // Slots the program freed while a capture was open (guarded by mutex): destroyed once none is
@@ -1111,12 +1115,22 @@ void eager_done(const Ticket& ticket) { planner::after_eager(ticket); }
 
 bool first_launch(const void* function) {
   if (function == nullptr || !residency::parks_streams()) return false;
+  CUcontext context = nullptr;
+  if (const Driver* driver = load_driver(nullptr)) driver->cuCtxGetCurrent(&context);
   Tables& t = tables();
   std::lock_guard<std::mutex> lock(t.mutex);
-  return t.launched_functions.insert(function).second;
+  return t.launched_functions.emplace(function, context).second;
 }
 
 bool settles() { return routing_on() && residency::parks_streams(); }
+
+bool first_lookup(const void* handle, const char* name) {
+  CUcontext context = nullptr;
+  if (const Driver* driver = load_driver(nullptr)) driver->cuCtxGetCurrent(&context);
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.lookups.emplace(handle, name != nullptr ? name : "", context).second;
+}
 
 CUresult settle(const Call& call, const char* work, residency::Quiet* quiet) {
   std::string why;

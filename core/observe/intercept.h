@@ -165,13 +165,18 @@ void eager_done(const Ticket& ticket);
 // First-time work and the device handshake
 // ---------------------------------------------------------------------------------------------
 
-// True when `function` (a runtime host stub or a CUfunction) is launched for the first time while
-// the device handshake is in use (residency::parks_streams). One relaxed load otherwise.
+// True when `function` (a runtime host stub or a CUfunction) is launched for the first time in the
+// current context while the device handshake is in use (residency::parks_streams). One relaxed
+// load otherwise.
 bool first_launch(const void* function);
 // True while the device handshake is in use: an instantiation or a module load settles first.
 // Starts nothing (a module load asks it from inside cudart's initialization).
 bool settles();
 using Quiet = residency::Quiet;
+// True the first time `handle` (a module, library, kernel or function) is asked for `name` (may
+// be null) in the current context while the device handshake is in use: a kernel's first lookup,
+// which loads it under lazy loading, settles.
+bool first_lookup(const void* handle, const char* name);
 // First-time work waits on the host until no stream is parked on a restore
 // (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log. With
 // `quiet`, no stream is parked again until it is released (after the work).

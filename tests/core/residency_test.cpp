@@ -35,6 +35,9 @@ class ResidencyTest : public SimTest {
  protected:
   void SetUp() override {
     SimTest::SetUp();
+    // The test kernels, loaded before any stream parks: a load waits for parked streams (as on the
+    // H200), and nothing here settles before it as the preload's hooks do.
+    ASSERT_NE(sim_kernels::get("add_u32"), nullptr);
     configure(4 * kPage);
     ASSERT_CU(cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
   }
@@ -668,11 +671,13 @@ TEST_F(ResidencyTest, RestoresParkNothingWhileFirstTimeWorkSettles) {
 // it. Once released, restores park streams again.
 TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
   on_device(6, [&] {
-    configure(1 * kPage, 0, residency::Handshake::device);
+    configure(2 * kPage, 0, residency::Handshake::device);
     Slot* a = make_slot(6);
     Slot* b = make_slot(6);
+    Slot* c = make_slot(6);
     fill(a, 81);
-    fill(b, 82);  // a leaves
+    fill(b, 82);
+    fill(c, 83);  // a leaves
     ASSERT_CU(cuStreamSynchronize(stream_));
     wait_mapped({a}, false);
     std::string why;
@@ -681,7 +686,7 @@ TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
     EXPECT_TRUE(quiet.held());
     const uint64_t before = residency::stats().host_path_restores;
     std::string message;
-    residency::Acquired for_a;
+    residency::Acquired for_a;  // b, the least recently used, leaves
     ASSERT_EQ(CUDA_SUCCESS,
               residency::acquire({a}, stream_, "a launch during the load", &for_a, &message))
         << message;
@@ -691,7 +696,8 @@ TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
     quiet.release();
     EXPECT_FALSE(quiet.held());
     ASSERT_CU(cuStreamSynchronize(stream_));
-    residency::Acquired for_b;  // b left for a; its restore parks the stream again
+    wait_mapped({b}, false);
+    residency::Acquired for_b;  // c leaves; b's restore parks the stream again
     ASSERT_EQ(CUDA_SUCCESS,
               residency::acquire({b}, stream_, "a launch after the load", &for_b, &message))
         << message;
@@ -702,6 +708,7 @@ TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
     ASSERT_CU(cuStreamSynchronize(stream_));
     expect_holds(b, 82);
     expect_holds(a, 81);
+    expect_holds(c, 83);
   });
 }
 

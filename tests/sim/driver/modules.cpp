@@ -18,6 +18,22 @@ std::set<Module*>& module_registry() {
   return *s;
 }
 
+// As on the H200 (bench/results/park_probe_module_h200.txt): a load does not return while a stream
+// of the device is parked on a wait-value. And, as in the torch.compile warm-up stall there, where
+// vaswap's worker stayed blocked in the driver meanwhile, no other thread enqueues work on the
+// device until the load is done: a load that waits for a flag whose write is not enqueued yet
+// never returns. Held for the length of a load (cuModuleLoadData, a function's first lookup).
+class Loading {
+ public:
+  explicit Loading(int dev) : device_(devices()[static_cast<size_t>(dev)]), lock_(device_.loading) {
+    while (device_.parked.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+ private:
+  Device& device_;
+  std::unique_lock<std::shared_mutex> lock_;
+};
+
 }  // namespace
 
 Function* lookup_function(CUfunction h) {
@@ -80,14 +96,7 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   }
   int dev = 0;
   SIM_TRY(current_device(&dev));
-  // As on the H200 (bench/results/park_probe_module_h200.txt): a load does not return while a
-  // stream of the device is parked on a wait-value. And, as in the torch.compile warm-up stall
-  // there, where vaswap's worker stayed blocked in the driver meanwhile, no other thread enqueues
-  // work on the device until the load is done: a load that waits for a flag whose write is not
-  // enqueued yet never returns.
-  Device& device = devices()[static_cast<size_t>(dev)];
-  std::unique_lock<std::shared_mutex> loading(device.loading);
-  while (device.parked.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const Loading loading(dev);
   auto* m = new Module;
   m->image = img;
   for (uint32_t i = 0; i < img->num_kernels; ++i) {
@@ -114,12 +123,26 @@ CUresult CUDAAPI cuModuleUnload(CUmodule hm) {
 CUresult CUDAAPI cuModuleGetFunction(CUfunction* out, CUmodule hm, const char* name) {
   SIM_ENTER();
   if (out == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  Function* f = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(module_mutex());
+    auto* m = reinterpret_cast<Module*>(hm);
+    if (module_registry().count(m) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    auto it = m->functions.find(name);
+    if (it == m->functions.end()) return CUDA_ERROR_NOT_FOUND;
+    f = it->second.get();
+    if (f->loaded) {
+      *out = reinterpret_cast<CUfunction>(f);
+      return CUDA_SUCCESS;
+    }
+  }
+  // Lazy loading (CUDA's default): a function's first lookup loads it.
+  const Loading loading(dev);
   std::lock_guard<std::mutex> lock(module_mutex());
-  auto* m = reinterpret_cast<Module*>(hm);
-  if (module_registry().count(m) == 0) return CUDA_ERROR_INVALID_HANDLE;
-  auto it = m->functions.find(name);
-  if (it == m->functions.end()) return CUDA_ERROR_NOT_FOUND;
-  *out = reinterpret_cast<CUfunction>(it->second.get());
+  f->loaded = true;
+  *out = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;
 }
 

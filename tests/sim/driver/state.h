@@ -313,6 +313,7 @@ struct Function {
   uint32_t magic = kMagic;
   const vaswap_sim_kernel_desc* desc = nullptr;
   Module* module = nullptr;
+  bool loaded = false;  // looked up once (lazy loading loads it then; module_mutex)
 };
 
 Function* lookup_function(CUfunction h);
