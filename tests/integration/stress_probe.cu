@@ -11,11 +11,12 @@
 // --copy3dpeer: the result is first copied into the round's second buffer with
 // cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
-// --jit: once a round, in the middle of its launches, each thread loads a new module through the
-// driver, as a JIT compiler (Triton, NVRTC) does: dlopen("libcuda.so.1"), cuModuleLoadData,
-// cuModuleGetFunction, and runs its kernel (a = c) with cuLaunchKernel in place of that launch's
-// add; the module stays loaded. The load comes while the thread's own stream, and others', may be
-// parked on restores.
+// --jit: each round, each thread loads a new module through the driver, as a JIT compiler (Triton,
+// NVRTC) does: dlopen("libcuda.so.1") and cuModuleLoadData at the round's start, then, in the
+// middle of its launches, cuModuleGetFunction (under lazy loading the kernel is loaded then, as a
+// static cudart's kernels are at their first launch) and its kernel (a = c) with cuLaunchKernel
+// in place of that launch's add; the module stays loaded. Loads and lookups come while the
+// thread's own stream, and others', may be parked on restores.
 //
 // --free-while-capturing: instead of the rounds, one thread frees a buffer while another has a
 // capture (thread-local mode) open, then the capture ends and its graph runs: prints
@@ -162,27 +163,38 @@ const JitDriver* jit_driver() {
                                                                                      : nullptr;
 }
 
-// dst = src through a module loaded now; the launch is enqueued on `s` before this returns. The
-// module stays loaded, as a JIT compiler's cached kernels do.
-bool jit_copy(uint32_t* dst, const uint32_t* src, cudaStream_t s, int thread, int round) {
-  auto failed = [&](const char* call, CUresult rc) {
-    std::lock_guard<std::mutex> lock(g_print);
-    std::fprintf(stderr, "stress_probe: thread %d round %d: %s failed: %d\n", thread, round, call,
-                 static_cast<int>(rc));
-    g_failed.store(1);
-    return false;
-  };
+bool jit_failed(const char* call, CUresult rc, int thread, int round) {
+  std::lock_guard<std::mutex> lock(g_print);
+  std::fprintf(stderr, "stress_probe: thread %d round %d: %s failed: %d\n", thread, round, call,
+               static_cast<int>(rc));
+  g_failed.store(1);
+  return false;
+}
+
+// A new module, loaded now; it stays loaded, as a JIT compiler's cached kernels do.
+bool jit_load(CUmodule* module, int thread, int round) {
   const JitDriver* d = jit_driver();
-  if (d == nullptr) return failed("dlopen/dlsym libcuda.so.1", CUDA_ERROR_NOT_FOUND);
-  CUmodule module = nullptr;
+  if (d == nullptr)
+    return jit_failed("dlopen/dlsym libcuda.so.1", CUDA_ERROR_NOT_FOUND, thread, round);
+  if (CUresult rc = d->load(module, &kJitImage))
+    return jit_failed("cuModuleLoadData", rc, thread, round);
+  return true;
+}
+
+// dst = src through `module`'s kernel, looked up now (its first lookup: lazy loading loads it
+// then); the launch is enqueued on `s` before this returns.
+bool jit_copy(CUmodule module, uint32_t* dst, const uint32_t* src, cudaStream_t s, int thread,
+              int round) {
+  const JitDriver* d = jit_driver();
   CUfunction function = nullptr;
-  if (CUresult rc = d->load(&module, &kJitImage)) return failed("cuModuleLoadData", rc);
-  if (CUresult rc = d->get(&function, module, "copy_u32")) return failed("cuModuleGetFunction", rc);
+  if (CUresult rc = d->get(&function, module, "copy_u32")) {
+    return jit_failed("cuModuleGetFunction", rc, thread, round);
+  }
   uint32_t n = kElems;
   void* args[] = {&dst, &src, &n};
   if (CUresult rc = d->launch(function, 256, 1, 1, 256, 1, 1, 0, reinterpret_cast<CUstream>(s),
                               args, nullptr)) {
-    return failed("cuLaunchKernel", rc);
+    return jit_failed("cuLaunchKernel", rc, thread, round);
   }
   return true;
 }
@@ -202,6 +214,8 @@ void work(int thread, int rounds, uint64_t* checksum) {
     auto* b = static_cast<uint32_t*>(buffers[1]);
     auto* c = static_cast<uint32_t*>(buffers[2]);
     const uint32_t seed = static_cast<uint32_t>(thread * 7919 + round * 104729);
+    CUmodule module = nullptr;
+    if (g_jit && !jit_load(&module, thread, round)) return;
     {
       uint32_t n = kElems;
       uint32_t seed_arg = seed;
@@ -224,7 +238,7 @@ void work(int thread, int rounds, uint64_t* checksum) {
       CHECK(cudaGraphLaunch(exec, s));
       cudaError_t rc = cudaSuccess;
       if (g_jit && k == kLaunches / 2) {
-        if (!jit_copy(a, c, s, thread, round)) return;
+        if (!jit_copy(module, a, c, s, thread, round)) return;
       } else {
         launch_add(a, c, 0, s, &rc);
       }

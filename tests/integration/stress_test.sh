@@ -14,8 +14,9 @@
 #   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
 #      also on a device where a waiting stream holds back every later operation (as the H200's did),
 #      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
-#   5b. the same with a module loaded through the driver each round (--jit, as Triton does) while
-#      streams are parked: the load waits until none is (it hangs otherwise, as on the H200);
+#   5b. the same with a module loaded through the driver each round and its kernel looked up later
+#      (--jit, as Triton does) while streams are parked: each waits until none is (it hangs
+#      otherwise, as on the H200);
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
 #   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
@@ -90,9 +91,10 @@ VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_h
 evictions parks_hold_copy3dpeer 24
 # Modules loaded at run time through the driver, as JIT compilers do (--jit), under the device
 # handshake: on the H200 a load waits for a parked stream while the copy that would release it
-# waits for the load (the simulator models this, docs/SIMULATOR.md), so a load runs only once no
-# stream is parked, and none is parked until it returns. Without that, this run hangs until the
-# watchdog ends it.
+# waits for the load (the simulator models this, docs/SIMULATOR.md), so a load, and a kernel's
+# first lookup (lazy loading loads it then), run only once no stream is parked, and none is parked
+# until they return. Without the load hook this run hangs until the watchdog ends it (2 of 2
+# runs), without the lookup hook 2 of 3.
 extra_conf=",residency.handshake=device" under jit 12MiB 24 --jit
 evictions jit 24
 python3 - "$tmp/jit.jsonl" <<'PY' || fail "jit"
