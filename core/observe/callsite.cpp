@@ -4,9 +4,21 @@
 #include <dlfcn.h>
 #include <fnmatch.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "base/private_library.h"
@@ -51,6 +63,7 @@ Frame name_frame(const Unwinder& u, uintptr_t ip) {
   if (dladdr(reinterpret_cast<void*>(ip), &info) != 0 && info.dli_fname != nullptr) {
     const char* slash = std::strrchr(info.dli_fname, '/');
     frame.object = slash != nullptr ? slash + 1 : info.dli_fname;
+    frame.offset = ip - reinterpret_cast<uintptr_t>(info.dli_fbase);
   }
   char name[512];
   uintptr_t offset = 0;
@@ -92,6 +105,100 @@ std::vector<Frame> call_stack(int max_frames, std::string* error) {
     stack.push_back(std::move(frame));
   }
   return stack;
+}
+
+namespace {
+
+// The one thread_stacks() call in progress: the thread asked, and where its handler writes.
+constexpr int kMaxDumpFrames = 64;
+std::atomic<int> asked_tid{0};
+std::atomic<int> answered_frames{-1};
+uintptr_t answered_ips[kMaxDumpFrames + 1];
+std::atomic<decltype(&vaswap_unwind_backtrace)> dump_backtrace{nullptr};
+
+void answer(int /*signo*/) {
+  const int saved = errno;
+  if (static_cast<int>(syscall(SYS_gettid)) == asked_tid.load()) {
+    auto backtrace = dump_backtrace.load();
+    answered_frames.store(backtrace != nullptr ? backtrace(answered_ips, kMaxDumpFrames + 1) : 0);
+  }
+  errno = saved;
+}
+
+std::string thread_name(int tid) {
+  std::ifstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+}  // namespace
+
+std::string describe(const Frame& frame) {
+  if (!frame.function.empty()) {
+    return frame.object.empty() ? frame.function : frame.function + " (" + frame.object + ")";
+  }
+  std::ostringstream out;
+  out << (frame.object.empty() ? "?" : frame.object) << "+0x" << std::hex << frame.offset;
+  return out.str();
+}
+
+std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string* error) {
+  const Unwinder& u = unwinder();
+  if (u.backtrace == nullptr || u.procedure == nullptr) {
+    if (error != nullptr) *error = u.error;
+    return {};
+  }
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> lock(one_at_a_time);
+  max_frames = std::clamp(max_frames, 1, kMaxDumpFrames);
+  dump_backtrace.store(u.backtrace);
+  uintptr_t warm[2];
+  u.backtrace(warm, 2);  // libunwind's first use sets itself up here, not in a handler
+  const int signo = SIGRTMIN + 5;
+  struct sigaction ours {
+  }, theirs{};
+  ours.sa_handler = answer;
+  sigemptyset(&ours.sa_mask);
+  ours.sa_flags = SA_RESTART;
+  sigaction(signo, &ours, &theirs);
+  const int self = static_cast<int>(syscall(SYS_gettid));
+  std::vector<int> tids;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] >= '0' && entry->d_name[0] <= '9')
+        tids.push_back(std::atoi(entry->d_name));
+    }
+    closedir(dir);
+  }
+  std::sort(tids.begin(), tids.end());
+  std::vector<ThreadStack> stacks;
+  for (int tid : tids) {
+    if (tid == self) continue;
+    ThreadStack stack;
+    stack.tid = tid;
+    stack.name = thread_name(tid);
+    answered_frames.store(-1);
+    asked_tid.store(tid);
+    if (syscall(SYS_tgkill, getpid(), tid, signo) == 0) {
+      for (int waited = 0; waited < wait_ms * 10 && answered_frames.load() < 0; ++waited) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    const int n = answered_frames.load();
+    asked_tid.store(0);
+    if (n >= 0) {
+      stack.answered = true;
+      // Frame 0 is the handler's unwinder call, frame 1 the signal trampoline.
+      for (int i = 2; i < n && static_cast<int>(stack.frames.size()) < max_frames; ++i) {
+        stack.frames.push_back(name_frame(u, answered_ips[i] - 1));
+      }
+    }
+    stacks.push_back(std::move(stack));
+  }
+  // A late answer finds asked_tid 0 and writes nothing.
+  sigaction(signo, &theirs, nullptr);
+  return stacks;
 }
 
 bool stack_matches(const std::vector<Frame>& stack, const std::vector<std::string>& patterns) {

@@ -5,6 +5,7 @@
 // otherwise become slots, so programs whose policy names no pattern never load it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,31 @@ namespace vaswap {
 struct Frame {
   std::string object;
   std::string function;
+  uintptr_t offset = 0;  // of the address within `object`
 };
 
 // The calling thread's stack, innermost first, up to `max_frames` frames, starting at this
 // function's caller. Empty (and `error` set) when libvaswap_unwind.so cannot be loaded.
 std::vector<Frame> call_stack(int max_frames, std::string* error);
+
+// Where one thread of the process was: its id, its name (/proc), and its stack, innermost first
+// (empty when it did not answer).
+struct ThreadStack {
+  int tid = 0;
+  std::string name;
+  std::vector<Frame> frames;
+  bool answered = false;
+};
+
+// Every other thread's stack, for a process vaswap is about to end (DESIGN.md invariant 12): each
+// thread is sent a real-time signal whose handler (installed for this call only) unwinds its own
+// stack with libunwind, which is async-signal-safe; a thread that has the signal blocked, or does
+// not answer within `wait_ms`, is listed without frames. Not for a process that goes on: the
+// program's handler for that signal is put back, but a signal it counted on may be consumed.
+std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string* error);
+
+// "function (object)", or "object+0x..." for a frame with no known function.
+std::string describe(const Frame& frame);
 
 // True when some frame's object or function name matches some pattern (fnmatch).
 bool stack_matches(const std::vector<Frame>& stack, const std::vector<std::string>& patterns);

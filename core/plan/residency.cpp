@@ -25,6 +25,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/trace.h"
+#include "observe/callsite.h"
 #include "slots/engine.h"
 #include "slots/worker.h"
 #include "transform/copy_graph.h"
@@ -3502,6 +3503,27 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
   log().error("{}", text);
   if (trace::enabled()) {
     trace::Record(trace::Event::error).add("call", who).add("message", text).emit();
+  }
+  // Where every thread was, for whoever debugs the end: a driver call that never returned, a lock.
+  if (trace::enabled() || log().should_log(spdlog::level::debug)) {
+    std::string error;
+    for (const ThreadStack& stack : thread_stacks(24, 200, &error)) {
+      std::string frames;
+      for (const Frame& frame : stack.frames) {
+        frames += (frames.empty() ? "" : " < ") + describe(frame);
+      }
+      if (!stack.answered) frames = "(did not answer)";
+      log().debug("thread {} ({}): {}", stack.tid, stack.name, frames);
+      if (trace::enabled()) {
+        trace::Record(trace::Event::thread_stack)
+            .add("tid_of", stack.tid)
+            .add("name", stack.name)
+            .add("answered", stack.answered)
+            .add("frames", frames)
+            .emit();
+      }
+    }
+    if (!error.empty()) log().debug("no thread stacks: {}", error);
   }
   trace::close();
   std::fflush(nullptr);
