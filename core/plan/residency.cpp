@@ -527,6 +527,10 @@ class Residency {
   bool evict_ahead(Device& d, Job& job);
   CUstream idle_out_stream(Device& d);
   // Uploads them on the two streams given.
+  // Copy graphs are first-time work (see make_graphs_first): made only while no stream is parked.
+  void make_graphs_first(Device& d, const std::vector<Job>& jobs);
+  // Holds the quiet (restores park nothing) when no stream is parked now; false otherwise.
+  bool try_quiet();
   bool make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host, CUstream d2h_upload,
                         CUstream h2d_upload);
   void restore_ahead(Device& d, Job& job);
@@ -1041,6 +1045,7 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   // reclaim calls it off first), and the host copy an H2D enqueued now would read is then stale.
   const bool host_copy_current = e.evictions_done == e.evictions_decided || e.eviction_ahead;
   e.ahead = d.device_handshake && (!e.has_data || (e.h2d_exec != nullptr && host_copy_current));
+  if (d.device_handshake && !e.ahead) ++stats_.host_path_restores;
   Job job;
   job.kind = JobKind::restore;
   job.slot = e.id;
@@ -1183,6 +1188,7 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
     if (device_handshake) {
       Device& d = device(a.device);
       ContextScope scope(drv(), d.context);
+      make_graphs_first(d, a.jobs);
       for (Job& job : a.jobs) {
         if (job.kind == JobKind::evict) {
           if (job.with_data) job.ahead = evict_ahead(d, job);
@@ -1261,26 +1267,14 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
 // host sees its dependencies done.
 bool Residency::evict_ahead(Device& d, Job& job) {
   Slot* slot = nullptr;
-  void* host = nullptr;
-  bool make = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* e = by_id_locked(job.slot);
-    if (e == nullptr || e->forgotten || e->host == nullptr) return false;
+    // No copy graphs: make_graphs_first could not make them before this batch (a stream was
+    // parked for longer than residency.wait_limit).
+    if (e == nullptr || e->forgotten || e->host == nullptr || e->d2h_exec == nullptr) return false;
     slot = e->slot;
-    host = e->host;
-    make = e->d2h_exec == nullptr;
-    // Made while it has pages, and no earlier eviction of it could unmap them meanwhile.
-    if (make && !(e->mapped && !e->unmapping && e->evictions_done + 1 == e->evictions_decided)) {
-      return false;
-    }
-    if (make) ++e->busy;
   }
-  const BusyHold hold(*this, make ? job.slot : 0);
-  if (make && !make_copy_graphs(d, job.slot, slot, host, idle_out_stream(d), d.ahead_in)) {
-    return false;
-  }
-  // Made first: the slot's next restore goes ahead even if this eviction cannot.
   for (const MarkRef& m : job.waits) {
     if (!m->closed()) return false;
   }
@@ -1364,6 +1358,65 @@ CUstream Residency::idle_out_stream(Device& d) {
 // (bench/results/park_probe_graphs_h200.txt), so this does not wait for parked streams (which
 // could wait for this very decision's evictions). False, with a warning the first time, when
 // they cannot be made: the slot is then evicted by the host path.
+// The copy graphs of the slots this batch evicts for the first time, made before the batch parks
+// any stream, once none is parked, and with none parked meanwhile (the quiet). Instantiating a
+// graph is first-time work: on the H200 a cuGraphInstantiate made while a stream was parked spun
+// inside the driver, holding a lock that the mover's next cuEventRecord waited for, so the flag
+// the parked stream waited for was never written (bench/results/stall_dump_h200.md). Earlier
+// batches' parked restores are the mover's already, so they drain; this thread waits for that
+// once per slot, at its first eviction. Made after this batch parked a restore, they could wait
+// for a restore whose job the mover does not have yet.
+void Residency::make_graphs_first(Device& d, const std::vector<Job>& jobs) {
+  struct Make {
+    uint64_t id;
+    Slot* slot;
+    void* host;
+  };
+  const auto wanted = [this, &jobs] {
+    std::vector<Make> makes;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Job& job : jobs) {
+      if (job.kind != JobKind::evict || !job.with_data) continue;
+      Entry* e = by_id_locked(job.slot);
+      // Made while it has pages, and no earlier eviction of it could unmap them meanwhile.
+      if (e == nullptr || e->forgotten || e->host == nullptr || e->d2h_exec != nullptr ||
+          !(e->mapped && !e->unmapping && e->evictions_done + 1 == e->evictions_decided)) {
+        continue;
+      }
+      makes.push_back({e->id, e->slot, e->host});
+    }
+    return makes;
+  };
+  if (wanted().empty()) return;
+  std::string why;
+  if (settle("the copy graphs of a slot's first eviction", &why, /*hold=*/true) != CUDA_SUCCESS) {
+    log().debug("{}: its eviction and next restore take the host path", why);
+    return;
+  }
+  for (const Make& m : wanted()) {  // again: the wait may have let others change them
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(m.id);
+      if (e == nullptr) continue;
+      ++e->busy;
+    }
+    const BusyHold hold(*this, m.id);
+    make_copy_graphs(d, m.id, m.slot, m.host, idle_out_stream(d), d.ahead_in);
+  }
+  unquiet();
+}
+
+bool Residency::try_quiet() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StreamKey> keys;
+  for (const auto& entry : parked_) keys.push_back(entry.first);
+  for (const StreamKey& key : keys) {
+    if (parked_locked(key)) return false;
+  }
+  ++settling_;
+  return true;
+}
+
 bool Residency::make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host,
                                  CUstream d2h_upload, CUstream h2d_upload) {
   std::string why;
@@ -2680,8 +2733,13 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
           if (make) ++e->busy;
         }
       }
+      // The mover sees to parked streams itself: it makes graphs only while none is parked
+      // (make_graphs_first says why), and otherwise leaves them to the slot's next eviction.
       const BusyHold hold(*this, make ? c.id : 0);
-      if (make) make_copy_graphs(d, c.id, slot, host, d.offload, d.restore);
+      if (make && try_quiet()) {
+        make_copy_graphs(d, c.id, slot, host, d.offload, d.restore);
+        unquiet();
+      }
     }
     Actions actions;
     {

@@ -492,6 +492,7 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
   SIM_TRY(check_capture_safety(/*own_only=*/true));
   int dev = 0;
   SIM_TRY(current_device(&dev));
+  const DeviceWideWork stall(dev);
   auto exec = std::make_shared<GraphExec>();
   std::unique_ptr<Graph> copy = g->clone();
   // The launch order: a wait on a value runs once nothing beside it is ready (reorder()).

@@ -18,22 +18,6 @@ std::set<Module*>& module_registry() {
   return *s;
 }
 
-// As on the H200 (bench/results/park_probe_module_h200.txt): a load does not return while a stream
-// of the device is parked on a wait-value. And, as in the torch.compile warm-up stall there, where
-// vaswap's worker stayed blocked in the driver meanwhile, no other thread enqueues work on the
-// device until the load is done: a load that waits for a flag whose write is not enqueued yet
-// never returns. Held for the length of a load (cuModuleLoadData, a function's first lookup).
-class Loading {
- public:
-  explicit Loading(int dev) : device_(devices()[static_cast<size_t>(dev)]), lock_(device_.loading) {
-    while (device_.parked.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-
- private:
-  Device& device_;
-  std::unique_lock<std::shared_mutex> lock_;
-};
-
 }  // namespace
 
 Function* lookup_function(CUfunction h) {
@@ -96,7 +80,7 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   }
   int dev = 0;
   SIM_TRY(current_device(&dev));
-  const Loading loading(dev);
+  const DeviceWideWork loading(dev);
   auto* m = new Module;
   m->image = img;
   for (uint32_t i = 0; i < img->num_kernels; ++i) {
@@ -139,7 +123,7 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction* out, CUmodule hm, const char* n
     }
   }
   // Lazy loading (CUDA's default): a function's first lookup loads it.
-  const Loading loading(dev);
+  const DeviceWideWork loading(dev);
   std::lock_guard<std::mutex> lock(module_mutex());
   f->loaded = true;
   *out = reinterpret_cast<CUfunction>(f);

@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -121,6 +122,25 @@ struct Device {
 };
 
 std::vector<Device>& devices();
+
+// Work the driver does for the whole device: a module load (cuModuleLoadData, a function's first
+// lookup) and a graph's instantiation. As on the H200, it does not return while a stream of the
+// device is parked on a wait-value (bench/results/park_probe_module_h200.txt; for instantiation,
+// vaswap's copy graphs in bench/results/stall_dump_h200.md). And, as there, where vaswap's worker
+// stayed blocked in the driver meanwhile, no other thread enqueues work on the device until it is
+// done: such work that waits for a flag whose write is not enqueued yet never returns. Held for
+// the length of the call.
+class DeviceWideWork {
+ public:
+  explicit DeviceWideWork(int dev)
+      : device_(devices()[static_cast<size_t>(dev)]), lock_(device_.loading) {
+    while (device_.parked.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+ private:
+  Device& device_;
+  std::unique_lock<std::shared_mutex> lock_;
+};
 int device_count();
 // The calling thread's current context, or nullptr.
 Context* current_context();
