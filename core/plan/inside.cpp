@@ -77,6 +77,7 @@ struct Rewritten {
   // windows copy and signal but nothing is unmapped).
   bool lent = false;
   uint64_t queued = 0;         // launches enqueued whose windows are not all carried out
+  uint64_t progress = 0;       // steps and launches the executor has carried out
   bool running = false;        // the executor is carrying out the oldest of them
   uint64_t started_ns = 0;     // when the executor took it up
   uint64_t room_since_ns = 0;  // a restore of the launch has waited for room since (0: none)
@@ -124,7 +125,8 @@ class Inside {
  private:
   void run();  // the executor
   bool advance_locked(Rewritten& g);
-  // Waits until `g` has no launch in flight; false past residency.wait_limit.
+  // Waits until `g` has no launch in flight; false once residency.wait_limit passes without the
+  // executor carrying out one of its steps.
   bool drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
   void map_back(Rewritten& g, Lent& lent, const char* why);
@@ -641,7 +643,10 @@ void Inside::run() {
         g->started_ns = trace::now_ns();
         for (Lent& lent : g->slots) lent.next = 0;
       }
-      if (advance_locked(*g)) progressed = true;
+      if (advance_locked(*g)) {
+        ++g->progress;
+        progressed = true;
+      }
     }
     if (!busy) {
       work_.wait(lock);
@@ -649,6 +654,7 @@ void Inside::run() {
       continue;
     }
     if (progressed) {
+      done_.notify_all();  // a drain's limit counts from the last progress
       pause = std::chrono::microseconds(1);
       continue;
     }
@@ -815,9 +821,16 @@ void Inside::note_held_locked() {
 }
 
 bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
-  return done_.wait_for(lock,
-                        std::chrono::nanoseconds(wait_limit_ns_.load(std::memory_order_relaxed)),
-                        [&] { return g.queued == 0; });
+  // Bounded by progress, not by the queue's length: many launches of a long graph may be queued,
+  // and only a wait_limit without one step carried out is a stuck graph.
+  for (;;) {
+    const uint64_t seen = g.progress;
+    const bool woke = done_.wait_for(
+        lock, std::chrono::nanoseconds(wait_limit_ns_.load(std::memory_order_relaxed)),
+        [&] { return g.queued == 0 || g.progress != seen; });
+    if (!woke) return false;
+    if (g.queued == 0) return true;
+  }
 }
 
 void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why) {
