@@ -109,7 +109,8 @@ std::vector<Frame> call_stack(int max_frames, std::string* error) {
 
 namespace {
 
-// The one thread_stacks() call in progress: the thread asked, and where its handler writes.
+// The one thread_stacks() call in progress: the thread asked (its handler claims the request by
+// negating it, so that only a thread still asked writes), and where its handler writes.
 constexpr int kMaxDumpFrames = 64;
 std::atomic<int> asked_tid{0};
 std::atomic<int> answered_frames{-1};
@@ -118,7 +119,8 @@ std::atomic<decltype(&vaswap_unwind_backtrace)> dump_backtrace{nullptr};
 
 void answer(int /*signo*/) {
   const int saved = errno;
-  if (static_cast<int>(syscall(SYS_gettid)) == asked_tid.load()) {
+  int me = static_cast<int>(syscall(SYS_gettid));
+  if (asked_tid.compare_exchange_strong(me, -me)) {
     auto backtrace = dump_backtrace.load();
     answered_frames.store(backtrace != nullptr ? backtrace(answered_ips, kMaxDumpFrames + 1) : 0);
   }
@@ -166,13 +168,24 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
   std::vector<int> tids;
   if (DIR* dir = opendir("/proc/self/task")) {
     while (const dirent* entry = readdir(dir)) {
-      if (entry->d_name[0] >= '0' && entry->d_name[0] <= '9')
+      if (entry->d_name[0] >= '0' && entry->d_name[0] <= '9') {
         tids.push_back(std::atoi(entry->d_name));
+      }
     }
     closedir(dir);
   }
   std::sort(tids.begin(), tids.end());
   std::vector<ThreadStack> stacks;
+  // Once one thread has not answered (it blocks the signal, or sits in the kernel with it masked),
+  // the rest get a short wait: a process with many such threads still ends promptly.
+  constexpr int kAfterSilenceMs = 10;
+  int limit_ms = wait_ms;
+  const auto wait_for_answer = [](int ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (answered_frames.load() < 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
   for (int tid : tids) {
     if (tid == self) continue;
     ThreadStack stack;
@@ -180,13 +193,13 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
     stack.name = thread_name(tid);
     answered_frames.store(-1);
     asked_tid.store(tid);
-    if (syscall(SYS_tgkill, getpid(), tid, signo) == 0) {
-      for (int waited = 0; waited < wait_ms * 10 && answered_frames.load() < 0; ++waited) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    }
+    if (syscall(SYS_tgkill, getpid(), tid, signo) == 0) wait_for_answer(limit_ms);
+    // Withdrawn: a handler that claimed it meanwhile is writing, and is waited for; one that
+    // comes later finds the request gone and writes nothing.
+    const bool claimed = asked_tid.exchange(0) == -tid;
+    if (claimed) wait_for_answer(wait_ms);
     const int n = answered_frames.load();
-    asked_tid.store(0);
+    if (n < 0) limit_ms = std::min(limit_ms, kAfterSilenceMs);
     if (n >= 0) {
       stack.answered = true;
       // Frame 0 is the handler's unwinder call, frame 1 the signal trampoline.
@@ -195,8 +208,10 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
       }
     }
     stacks.push_back(std::move(stack));
+    // Still unwinding after its claim: its handler may yet write the shared frames, so no other
+    // thread is asked.
+    if (claimed && n < 0) break;
   }
-  // A late answer finds asked_tid 0 and writes nothing.
   sigaction(signo, &theirs, nullptr);
   return stacks;
 }

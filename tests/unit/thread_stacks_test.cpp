@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "observe/callsite.h"
 
@@ -57,6 +60,75 @@ TEST(ThreadStacksTest, NamesABlockedThreadAndTheFunctionItWaitsIn) {
                            [self](const ThreadStack& s) { return s.tid == self; }));
 
   // The thread goes on once let go: its wait survived the signal.
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex);
+    let_go = true;
+  }
+  parked_cv.notify_all();
+  parked.join();
+}
+
+// Threads that block the signal cost the first one's wait, then a short one each: a process with
+// many of them still ends promptly, and a thread asked after them still answers.
+TEST(ThreadStacksTest, SilentThreadsAreListedWithoutFramesAndCostOneFullWait) {
+  constexpr int kSilent = 4, kWaitMs = 500;
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> silent;
+  std::vector<int> silent_tids(kSilent, 0);
+  for (int i = 0; i < kSilent; ++i) {
+    silent.emplace_back([&, i] {
+      sigset_t block;
+      sigemptyset(&block);
+      sigaddset(&block, SIGRTMIN + 5);
+      pthread_sigmask(SIG_BLOCK, &block, nullptr);
+      silent_tids[static_cast<size_t>(i)] = static_cast<int>(syscall(SYS_gettid));
+      ready.fetch_add(1);
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return done; });
+    });
+  }
+  while (ready.load() < kSilent) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex);
+    let_go = false;
+  }
+  std::atomic<int> tid{0};
+  std::thread parked([&tid] { vaswap_test_parked_here(&tid); });  // a later tid than theirs
+  while (tid.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<ThreadStack> stacks = thread_stacks(32, kWaitMs, &error);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  ASSERT_TRUE(error.empty()) << error;
+  for (int silent_tid : silent_tids) {
+    const auto it = std::find_if(stacks.begin(), stacks.end(), [silent_tid](const ThreadStack& s) {
+      return s.tid == silent_tid;
+    });
+    ASSERT_NE(it, stacks.end()) << "silent thread " << silent_tid << " is not listed";
+    EXPECT_FALSE(it->answered);
+    EXPECT_TRUE(it->frames.empty());
+  }
+  const auto it = std::find_if(stacks.begin(), stacks.end(),
+                               [&tid](const ThreadStack& s) { return s.tid == tid.load(); });
+  ASSERT_NE(it, stacks.end());
+  EXPECT_TRUE(it->answered);
+  // One full wait and three short ones (plus the answering threads'), not four full ones.
+  EXPECT_LT(took, 2 * kWaitMs) << "ms";
+  EXPECT_GE(took, kWaitMs) << "ms";
+
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
+  cv.notify_all();
+  for (std::thread& t : silent) t.join();
   {
     std::lock_guard<std::mutex> lock(parked_mutex);
     let_go = true;
