@@ -475,6 +475,7 @@ class Residency {
   }
   int64_t distance_locked(const Entry& e) const;
   bool parked_locked(const StreamKey& key) const;
+  bool any_parked_locked() const;  // whether any stream is parked (forgets those that landed)
   bool held_by_parked_stream_locked(const Entry& e) const;
   bool host_path_evictions_pending_locked(const Device& d) const;
   // Whether an eviction decided before the `sequence`-th decision is still pending.
@@ -918,6 +919,15 @@ bool Residency::parked_locked(const StreamKey& key) const {
   return false;
 }
 
+bool Residency::any_parked_locked() const {
+  std::vector<StreamKey> keys;
+  keys.reserve(parked_.size());
+  for (const auto& entry : parked_) keys.push_back(entry.first);
+  bool any = false;
+  for (const StreamKey& key : keys) any = parked_locked(key) || any;  // each: forgets landed ones
+  return any;
+}
+
 bool Residency::held_by_parked_stream_locked(const Entry& e) const {
   return std::any_of(e.marks.begin(), e.marks.end(),
                      [this](const Mark& m) { return parked_locked(m.stream); });
@@ -1353,11 +1363,6 @@ CUstream Residency::idle_out_stream(Device& d) {
   return s;
 }
 
-// Makes the slot's copy graphs (once, at its first eviction, while it has pages). A graph of one
-// memcpy node loads no module: made, uploaded and launched while a stream is parked, it runs
-// (bench/results/park_probe_graphs_h200.txt), so this does not wait for parked streams (which
-// could wait for this very decision's evictions). False, with a warning the first time, when
-// they cannot be made: the slot is then evicted by the host path.
 // The copy graphs of the slots this batch evicts for the first time, made before the batch parks
 // any stream, once none is parked, and with none parked meanwhile (the quiet). Instantiating a
 // graph is first-time work: on the H200 a cuGraphInstantiate made while a stream was parked spun
@@ -1408,15 +1413,16 @@ void Residency::make_graphs_first(Device& d, const std::vector<Job>& jobs) {
 
 bool Residency::try_quiet() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<StreamKey> keys;
-  for (const auto& entry : parked_) keys.push_back(entry.first);
-  for (const StreamKey& key : keys) {
-    if (parked_locked(key)) return false;
-  }
+  if (any_parked_locked()) return false;
   ++settling_;
   return true;
 }
 
+// Makes the slot's copy graphs (once, at its first eviction, while it has pages); the callers
+// hold the quiet (make_graphs_first, the mover's try_quiet). A graph of one memcpy node loads no
+// module, and once made, uploading and launching it while a stream is parked runs
+// (bench/results/park_probe_graphs_h200.txt). False, with a warning the first time, when they
+// cannot be made: the slot is then evicted by the host path.
 bool Residency::make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host,
                                  CUstream d2h_upload, CUstream h2d_upload) {
   std::string why;
@@ -2406,12 +2412,7 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold)
     uint64_t limit = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      std::vector<StreamKey> keys;
-      keys.reserve(parked_.size());
-      for (const auto& entry : parked_) keys.push_back(entry.first);
-      bool any = false;
-      for (const StreamKey& key : keys) any = parked_locked(key) || any;
-      if (!any) {
+      if (!any_parked_locked()) {
         if (waited) {
           ++stats_.settle_waits;
           stats_.settle_wait_us += trace::us_since(start);
