@@ -255,6 +255,22 @@ bool settled(const Call& call, const void* function, R* rc, intercept::Quiet* qu
   return false;
 }
 
+// Device handshake: `real`, first-time work (a module load, a lookup that loads, an instantiation),
+// runs once no stream is parked (with `settle`), and none is parked again until it returns; the
+// settle's error when that wait ran out (residency.wait_limit). vaswap's own calls inside are not
+// handled again.
+template <class R, class Real>
+R quietly(const Call& call, const char* what, bool settle, Real&& real) {
+  Scope scope;
+  intercept::Quiet quiet;
+  if (settle) {
+    if (const CUresult rc = intercept::settle(call, what, &quiet); rc != CUDA_SUCCESS) {
+      return to_status<R>(rc);
+    }
+  }
+  return real();
+}
+
 // The runtime records every failed call as the thread's last error, which the program reads
 // with cudaGetLastError. A call vaswap makes or retries must leave that record as the program's
 // own calls would: keep_last_error(any function of that libcudart, what it was before) clears
@@ -467,22 +483,16 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
   Call call;
   R operator()(CUgraphExec* exec, CUgraph graph, Rest rest) const {
     if (!handle()) return real(exec, graph, rest);
-    Scope scope;
     // Instantiating loads the graph's kernels: not while a stream is parked (device handshake).
-    intercept::Quiet quiet;
-    if (intercept::settles()) {
-      if (const CUresult settled_rc = intercept::settle(call, "an instantiation", &quiet);
-          settled_rc != CUDA_SUCCESS) {
-        return to_status<R>(settled_rc);
+    return quietly<R>(call, "an instantiation", intercept::settles(), [&] {
+      const CUgraph instead = intercept::graph_to_instantiate(call, graph);
+      const R rc = real(exec, instead, rest);
+      const bool made = rc == R{} && exec != nullptr;
+      if (made || instead != graph) {
+        intercept::instantiated(call, made ? *exec : nullptr, graph, instead);
       }
-    }
-    const CUgraph instead = intercept::graph_to_instantiate(call, graph);
-    const R rc = real(exec, instead, rest);
-    const bool made = rc == R{} && exec != nullptr;
-    if (made || instead != graph) {
-      intercept::instantiated(call, made ? *exec : nullptr, graph, instead);
-    }
-    return rc;
+      return rc;
+    });
   }
 };
 
@@ -983,13 +993,7 @@ struct Load<R (*)(A...)> {
   Call call;
   R operator()(A... args) const {
     if (tls_depth != 0 || !intercept::settles()) return real(args...);
-    Scope scope;
-    intercept::Quiet quiet;
-    if (const CUresult settled_rc = intercept::settle(call, "a module load", &quiet);
-        settled_rc != CUDA_SUCCESS) {
-      return settled_rc;
-    }
-    return real(args...);
+    return quietly<R>(call, "a module load", true, [&] { return real(args...); });
   }
 };
 
@@ -1021,13 +1025,7 @@ struct Lookup<R (*)(A...)> {
     if (tls_depth != 0 || !intercept::settles()) return real(args...);
     const auto [handle, name] = lookup_of(args...);
     if (!intercept::first_lookup(handle, name)) return real(args...);
-    Scope scope;
-    intercept::Quiet quiet;
-    if (const CUresult settled_rc = intercept::settle(call, "a kernel's first lookup", &quiet);
-        settled_rc != CUDA_SUCCESS) {
-      return settled_rc;
-    }
-    return real(args...);
+    return quietly<R>(call, "a kernel's first lookup", true, [&] { return real(args...); });
   }
 };
 
