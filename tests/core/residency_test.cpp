@@ -716,6 +716,57 @@ TEST_F(ResidencyTest, NoStreamIsParkedWhileSettledWorkRuns) {
   });
 }
 
+// A slot's copy graphs are first-time work too (instantiating one while a stream was parked spun in
+// the H200's driver, holding a lock the mover needed): made at its first eviction, before that
+// batch parks anything, once streams parked by earlier batches have landed. Here a's restore
+// parks stream_ and is held back 300 ms (b's eviction copy stalls); then another thread's launch
+// of d evicts c for the first time, and waits (settle_waits) until a's restore has landed. Every
+// slot holds its data after, and c comes back through its graphs (no host-path restore).
+TEST_F(ResidencyTest, AFirstEvictionMakesItsCopyGraphsOnceNoStreamIsParked) {
+  on_device(6, [&] {
+    configure(2 * kPage, 0, residency::Handshake::device);
+    Slot* a = make_slot(6);
+    Slot* b = make_slot(6);
+    Slot* c = make_slot(6);
+    Slot* d = make_slot(6);
+    fill(a, 91);
+    fill(b, 92);
+    fill(c, 93);  // a leaves (its graphs made with nothing parked)
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    wait_mapped({a}, false);
+    ASSERT_EQ(vaswapSimInjectFault("copy_stall", 1, 300), 0);  // the next copy: b's D2H
+    std::string message;
+    residency::Acquired for_a;  // b leaves; a's restore waits for b's copy, stalled
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a launch", &for_a, &message))
+        << message;
+    EXPECT_FALSE(for_a.host_waited);  // stream_ is parked on a's restore
+    residency::used(for_a);
+    const uint64_t waits = residency::stats().settle_waits;
+    const uint64_t host_path = residency::stats().host_path_restores;
+    CUstream other = nullptr;
+    ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    const auto start = std::chrono::steady_clock::now();
+    residency::Acquired for_d;  // c leaves for the first time, with data: its graphs first
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({d}, other, "another launch", &for_d, &message))
+        << message;
+    const double took_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(residency::stats().settle_waits, waits + 1)
+        << "c's copy graphs were made while stream_ was parked";
+    EXPECT_GE(took_ms, 200.0) << "the first eviction did not wait for a's restore";
+    EXPECT_LT(took_ms, 5000.0);
+    residency::used(for_d);
+    ASSERT_CU(cuStreamSynchronize(other));
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    expect_holds(a, 91);
+    expect_holds(b, 92);
+    expect_holds(c, 93);  // brought back through the graphs made at its first eviction
+    EXPECT_EQ(residency::stats().host_path_restores, host_path);
+    residency::stream_gone(other);
+    ASSERT_CU(cuStreamDestroy(other));
+  });
+}
+
 // A copy or memset is checked against its addresses when it is enqueued (as on the H200): the
 // acquire for one returns only once the slot's pages are mapped again, and the copy, enqueued at
 // once, reads the data back in full.
