@@ -1,5 +1,6 @@
 #include "plan/inside.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -629,6 +630,7 @@ void Inside::launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
 // =============================================================================================
 
 void Inside::run() {
+  pthread_setname_np(pthread_self(), "vaswap-inside");
   CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
   drv().cuThreadExchangeStreamCaptureMode(&relaxed);  // invariant 5
   std::unique_lock<std::mutex> lock(mutex_);
@@ -1101,6 +1103,7 @@ void Inside::idle() {
 }
 
 void Inside::watch() {
+  pthread_setname_np(pthread_self(), "vaswap-iwatch");
   for (;;) {
     const uint64_t limit = wait_limit_ns_.load(std::memory_order_relaxed);
     const uint64_t period = std::min<uint64_t>(limit / 10, 100000000);

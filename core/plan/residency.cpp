@@ -1,5 +1,6 @@
 #include "plan/residency.h"
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -2451,6 +2452,7 @@ Stats Residency::stats() {
 // =============================================================================================
 
 void Residency::run_watchdog() {
+  pthread_setname_np(pthread_self(), "vaswap-watch");
   for (;;) {
     std::string stalled;
     uint64_t limit = 0;

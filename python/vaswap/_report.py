@@ -473,10 +473,48 @@ def tables(runs):
                             f"before a plan, {now / 1e3:.2f} ms with one in force "
                             f"({100 * (now / was - 1):+.1f}%: the graphs' own device time "
                             "with vaswap's copies and driver calls beside them)"]
+    for run in runs:
+        out += handshake_lines(run) + ending_lines(run)
     problems = [p for run in runs for p in run.problems]
     if problems:
         out += ["", "## Problems", ""] + [f"- {p}" for p in problems]
     return "\n".join(out) + "\n"
+
+
+def handshake_lines(run):
+    """The device handshake's exit figures: first-time work that waited, restores on the host path."""
+    final = run.of("summary")
+    if not final or final[-1].get("handshake") != "device":
+        return []
+    f = final[-1]
+    return ["", f"## Device handshake of {run.name}", "",
+            f"- first-time work (loads, instantiations, copy graphs) that waited for parked "
+            f"streams: {f.get('settle_waits', 0)} times, {f.get('settle_wait_us', 0) / 1e3:.1f} ms",
+            f"- restores that took the host path: {f.get('host_path_restores', 0)}; host waits "
+            f"for restores: {f.get('waits', 0)} ({f.get('wait_us', 0) / 1e3:.1f} ms); budget "
+            f"overshoots: {f.get('budget_overshoots', 0)}"]
+
+
+def ending_lines(run, frames_shown=4):
+    """Where every thread was when vaswap ended the process (thread_stack events, invariant 12)."""
+    stacks = run.of("thread_stack")
+    if not stacks:
+        return []
+    ended = [e for e in run.of("error") if e["t_ns"] <= stacks[0]["t_ns"]]
+    out = ["", f"## How {run.name} ended", ""]
+    if ended:
+        out += [f"vaswap ended the process ({ended[-1].get('call', '?')}): "
+                f"{ended[-1].get('message', '')}", ""]
+    out += ["| thread | name | where it was (innermost first) |", "|---:|---|---|"]
+    for e in stacks:
+        if not e.get("answered", False):
+            where = "(did not answer)"
+        else:
+            frames = [f if len(f) <= 100 else f[:97] + "..."
+                      for f in e.get("frames", "").split(" < ") if f]
+            where = " < ".join(frames[:frames_shown]) + (" < ..." if len(frames) > frames_shown else "")
+        out.append(f"| {e['tid_of']} | {e.get('name', '')} | {where.replace('|', '/')} |")
+    return out
 
 
 # =================================================================================================

@@ -186,6 +186,56 @@ def test_launch_times_are_split_at_the_plan_and_summed_per_period(tmp_path):
     assert "summed medians: 3.00 ms before a plan, 3.80 ms with one in force (+26.7%" in out.stdout
 
 
+def test_a_process_vaswap_ended_shows_where_each_thread_was(tmp_path):
+    # The executor's map hangs in the driver (the simulator holds the 300th cuMemCreate for a
+    # minute) past residency.wait_limit: vaswap ends the process (exit 70) and writes each other
+    # thread's stack; the report names the error and shows the executor inside cuMemCreate.
+    trace = tmp_path / "ended.jsonl"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "sim"),
+               VASWAP_SIM_FAULTS="cuMemCreate:300:-60000",
+               VASWAP_CONF="selection.min_bytes=1MiB,residency.wait_limit=3s,inside.mode=on")
+    ran = subprocess.run([sys.executable, str(ROOT / "scripts" / "vaswap"), "run", "--library",
+                          str(LIBRARY), "--trace", str(trace), "--", str(DEMO), "--quiet", "--steps",
+                          str(STEPS), "--graph", "whole"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 70, ran.stderr
+    run = read(trace)
+    stacks = run.of("thread_stack")
+    inside = [e for e in stacks if e["name"] == "vaswap-inside"]
+    assert len(inside) == 1 and inside[0]["answered"], stacks
+    assert "cuMemCreate" in inside[0]["frames"], inside[0]
+    out = report(trace)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    start = lines.index(f"## How {run.name} ended")
+    assert "the executor has been mapping slot" in lines[start + 2], lines[start + 2]
+    row = next(line for line in lines[start:] if line.startswith(f"| {inside[0]['tid_of']} |"))
+    assert "vaswap-inside" in row and "cuMemCreate" in row, row
+    assert sum(1 for line in lines[start:] if line.startswith("| ") and "|---" not in line) \
+        == len(stacks) + 1  # the header, then one row per thread
+
+
+def test_a_device_handshake_run_reports_its_settles_and_host_path_restores(tmp_path):
+    def ev(t_ns, name, **fields):
+        return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})
+
+    lines = [ev(0, "trace_begin", format="vaswap-trace", version=1),
+             ev(10, "summary", slots=4, handshake="device", settle_waits=3, settle_wait_us=2500.0,
+                host_path_restores=7, waits=2, wait_us=1500.0, budget_overshoots=1),
+             ev(20, "trace_end")]
+    path = tmp_path / "handshake.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = report(path)
+    assert out.returncode == 0, out.stderr
+    assert ("first-time work (loads, instantiations, copy graphs) that waited for parked streams: "
+            "3 times, 2.5 ms") in out.stdout
+    assert ("restores that took the host path: 7; host waits for restores: 2 (1.5 ms); budget "
+            "overshoots: 1") in out.stdout
+    # The host handshake's runs have no such section.
+    path.write_text("\n".join([lines[0], ev(10, "summary", slots=4, handshake="host"), lines[2]]) + "\n")
+    assert "## Device handshake" not in report(path).stdout
+
+
 def test_two_traces_are_two_runs(traces):
     result = report(traces["rules"], traces["planned"])
     assert result.returncode == 0, result.stderr
