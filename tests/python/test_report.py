@@ -188,12 +188,13 @@ def test_launch_times_are_split_at_the_plan_and_summed_per_period(tmp_path):
 
 def test_a_process_vaswap_ended_shows_where_each_thread_was(tmp_path):
     # The executor's map hangs in the driver (the simulator holds the 300th cuMemCreate for a
-    # minute) past residency.wait_limit: vaswap ends the process (exit 70) and writes each other
-    # thread's stack; the report names the error and shows the executor inside cuMemCreate.
+    # minute) past residency.wait_limit (5 s: room for a loaded machine before it): vaswap ends
+    # the process (exit 70) and writes each other thread's stack; the report names the error and
+    # shows the executor inside cuMemCreate.
     trace = tmp_path / "ended.jsonl"
     env = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "sim"),
                VASWAP_SIM_FAULTS="cuMemCreate:300:-60000",
-               VASWAP_CONF="selection.min_bytes=1MiB,residency.wait_limit=3s,inside.mode=on")
+               VASWAP_CONF="selection.min_bytes=1MiB,residency.wait_limit=5s,inside.mode=on")
     ran = subprocess.run([sys.executable, str(ROOT / "scripts" / "vaswap"), "run", "--library",
                           str(LIBRARY), "--trace", str(trace), "--", str(DEMO), "--quiet", "--steps",
                           str(STEPS), "--graph", "whole"], env=env, capture_output=True, text=True,
