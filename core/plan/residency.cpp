@@ -524,6 +524,7 @@ class Residency {
   void refresh_budget(Device& d);
   // Also from the mover (evict_idle): no application thread lock is needed.
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
+  bool ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why);
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
   bool evict_ahead(Device& d, Job& job);
@@ -1147,23 +1148,39 @@ void Residency::refresh_budget(Device& d) {
 
 // Pinned copies for the victims that will copy data out, within host_pool.limit.
 bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::string* why) {
-  for (Entry* e : victims) {
-    bool need = false;
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // the callers hold submit_: no free meanwhile
+    for (const Entry* e : victims) ids.push_back(e->id);
+  }
+  return ensure_host_copies(ids, why);
+}
+
+// A slot's host buffer, once set, never changes: its copy graphs are made on it, and the copies
+// that read e->host later must name the same memory. Two threads may give one slot a buffer at
+// once (the mover's evict_idle, which holds no submit_, and an application thread that picked it
+// as a victim before the mover pinned it): the second keeps the first's and frees its own. (Both
+// were written once, the second over the first: the copy graphs named one buffer and the unmapper
+// the other, so a restore read a buffer its eviction never wrote, with an earlier slot's data;
+// the H200's wrong checksum in bench/results/handshake_staged_h200.md.) Looked up by id, as the
+// slot may be freed while the buffer is allocated.
+bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why) {
+  for (uint64_t id : ids) {
     uint64_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      need = e->has_data && e->host == nullptr;
+      const Entry* e = by_id_locked(id);
+      if (e == nullptr || e->forgotten || !e->has_data || e->host != nullptr) continue;
       bytes = e->pages;
-      if (need && settings_.host_limit_bytes != 0 &&
+      if (settings_.host_limit_bytes != 0 &&
           stats_.host_bytes + bytes > settings_.host_limit_bytes) {
         *why = "host_pool.limit (" + byte_size(settings_.host_limit_bytes) +
-               ") is reached: evicting slot " + std::to_string(e->id) + " needs " +
-               byte_size(bytes) + " more pinned host memory, and " + byte_size(stats_.host_bytes) +
+               ") is reached: evicting slot " + std::to_string(id) + " needs " + byte_size(bytes) +
+               " more pinned host memory, and " + byte_size(stats_.host_bytes) +
                " is held. Raise host_pool.limit or the budget";
         return false;
       }
     }
-    if (!need) continue;
     void* host = nullptr;
     try {
       host = engine().host_alloc(bytes);
@@ -1171,9 +1188,16 @@ bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::stri
       *why = error.what();
       return false;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    e->host = host;
-    stats_.host_bytes += bytes;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(id);
+      if (e != nullptr && !e->forgotten && e->host == nullptr) {
+        e->host = host;
+        stats_.host_bytes += bytes;
+        host = nullptr;
+      }
+    }
+    if (host != nullptr) engine().host_free(host);  // given one meanwhile, or freed
   }
   return true;
 }
@@ -1447,10 +1471,11 @@ bool Residency::make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host,
   }
   std::lock_guard<std::mutex> lock(mutex_);
   Entry* e = by_id_locked(id);
-  if (e == nullptr || e->d2h_exec != nullptr) {
+  // Made on the slot's host buffer, or not kept: every copy of the slot names that one buffer.
+  if (e == nullptr || e->d2h_exec != nullptr || e->host != host) {
     drv().cuGraphExecDestroy(d2h);
     drv().cuGraphExecDestroy(h2d);
-    return e != nullptr;
+    return e != nullptr && e->d2h_exec != nullptr;
   }
   e->d2h_exec = d2h;
   e->h2d_exec = h2d;
@@ -2719,7 +2744,7 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
     }
     if (entry == nullptr) continue;
     std::string why;
-    bool copy = ensure_host_copies({entry}, &why);
+    bool copy = ensure_host_copies(std::vector<uint64_t>{c.id}, &why);  // no submit_ held
     // Device handshake: its copy graphs, so that its next restore goes ahead (a restore without
     // them would make a launch wait on the host). Uploaded on the host path's streams: the ones
     // of the device handshake belong to the application's threads.
