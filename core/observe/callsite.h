@@ -37,8 +37,8 @@ struct ThreadStack {
 // stack with libunwind, which is async-signal-safe; a thread that has the signal blocked, or does
 // not answer within `wait_ms` (10 ms for every thread after the first silent one), is listed
 // without frames; one that began to answer and did not finish ends the list. Not for a process
-// that goes on: the
-// program's handler for that signal is put back, but a signal it counted on may be consumed.
+// that goes on: the program's handler for that signal is put back, but a signal it counted on may
+// be consumed.
 std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string* error);
 
 // "function (object)", or "object+0x..." for a frame with no known function.
