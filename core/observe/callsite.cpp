@@ -134,6 +134,19 @@ std::string thread_name(int tid) {
   return name;
 }
 
+// Whether thread `tid` blocks `signo` (its SigBlk mask in /proc): such a thread cannot answer, and
+// is not asked (vaswap's trace writer blocks every signal, and so may the driver's threads).
+bool blocks(int tid, int signo) {
+  std::ifstream status("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigBlk:", 0) != 0) continue;
+    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return signo >= 1 && signo <= 64 && ((mask >> (signo - 1)) & 1ULL) != 0;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string describe(const Frame& frame) {
@@ -176,8 +189,8 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
   }
   std::sort(tids.begin(), tids.end());
   std::vector<ThreadStack> stacks;
-  // Once one thread has not answered (it blocks the signal, or sits in the kernel with it masked),
-  // the rest get a short wait: a process with many such threads still ends promptly.
+  // Threads that block the signal are not asked. Once one that could answer has not (it sits
+  // where the signal is not taken), the rest get a short wait: the process still ends promptly.
   constexpr int kAfterSilenceMs = 10;
   int limit_ms = wait_ms;
   const auto wait_for_answer = [](int ms) {
@@ -191,15 +204,20 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
     ThreadStack stack;
     stack.tid = tid;
     stack.name = thread_name(tid);
+    if (blocks(tid, signo)) {
+      stacks.push_back(std::move(stack));
+      continue;
+    }
     answered_frames.store(-1);
     asked_tid.store(tid);
-    if (syscall(SYS_tgkill, getpid(), tid, signo) == 0) wait_for_answer(limit_ms);
+    const bool sent = syscall(SYS_tgkill, getpid(), tid, signo) == 0;  // fails: it has exited
+    if (sent) wait_for_answer(limit_ms);
     // Withdrawn: a handler that claimed it meanwhile is writing, and is waited for; one that
     // comes later finds the request gone and writes nothing.
     const bool claimed = asked_tid.exchange(0) == -tid;
     if (claimed) wait_for_answer(wait_ms);
     const int n = answered_frames.load();
-    if (n < 0) limit_ms = std::min(limit_ms, kAfterSilenceMs);
+    if (sent && n < 0) limit_ms = std::min(limit_ms, kAfterSilenceMs);
     if (n >= 0) {
       stack.answered = true;
       // Frame 0 is the handler's unwinder call, frame 1 the signal trampoline.
@@ -212,6 +230,12 @@ std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string*
     // thread is asked.
     if (claimed && n < 0) break;
   }
+  // A signal still pending on a thread that did not answer in time is discarded before the
+  // program's disposition comes back (by default it would end the process by that signal).
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(signo, &ignore, nullptr);
   sigaction(signo, &theirs, nullptr);
   return stacks;
 }

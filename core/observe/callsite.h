@@ -34,11 +34,12 @@ struct ThreadStack {
 
 // Every other thread's stack, for a process vaswap is about to end (DESIGN.md invariant 12): each
 // thread is sent a real-time signal whose handler (installed for this call only) unwinds its own
-// stack with libunwind, which is async-signal-safe; a thread that has the signal blocked, or does
-// not answer within `wait_ms` (10 ms for every thread after the first silent one), is listed
-// without frames; one that began to answer and did not finish ends the list. Not for a process
-// that goes on: the program's handler for that signal is put back, but a signal it counted on may
-// be consumed.
+// stack with libunwind, which is async-signal-safe; a thread that has the signal blocked (not
+// asked), or does not answer within `wait_ms` (10 ms for every thread after the first that could
+// have answered and did not), is listed without frames; one that began to answer and did not
+// finish ends the list. A signal left pending is discarded before the program's handler returns.
+// Not for a process that goes on: the program's handler for that signal is put back, but a signal
+// it counted on may be consumed.
 std::vector<ThreadStack> thread_stacks(int max_frames, int wait_ms, std::string* error);
 
 // "function (object)", or "object+0x..." for a frame with no known function.

@@ -127,7 +127,7 @@ class Inside {
   void run();  // the executor
   bool advance_locked(Rewritten& g);
   // Waits until `g` has no launch in flight; false once residency.wait_limit passes without the
-  // executor carrying out one of its steps.
+  // executor carrying out one of its steps, or a limit per launch queued when it began.
   bool drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
   void map_back(Rewritten& g, Lent& lent, const char* why);
@@ -824,14 +824,19 @@ void Inside::note_held_locked() {
 
 bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
   // Bounded by progress, not by the queue's length: many launches of a long graph may be queued,
-  // and only a wait_limit without one step carried out is a stuck graph.
+  // and only a wait_limit without one step carried out is a stuck graph. In all, at most a
+  // wait_limit for each launch queued when the drain began (and one more): a program that keeps
+  // launching the graph meanwhile cannot hold this thread forever.
+  const auto limit = std::chrono::nanoseconds(wait_limit_ns_.load(std::memory_order_relaxed));
+  const auto deadline =
+      std::chrono::steady_clock::now() + limit * static_cast<int64_t>(g.queued + 1);
   for (;;) {
     const uint64_t seen = g.progress;
-    const bool woke = done_.wait_for(
-        lock, std::chrono::nanoseconds(wait_limit_ns_.load(std::memory_order_relaxed)),
-        [&] { return g.queued == 0 || g.progress != seen; });
-    if (!woke) return false;
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + limit);
+    const bool woke =
+        done_.wait_until(lock, until, [&] { return g.queued == 0 || g.progress != seen; });
     if (g.queued == 0) return true;
+    if (!woke) return false;
   }
 }
 

@@ -68,9 +68,10 @@ TEST(ThreadStacksTest, NamesABlockedThreadAndTheFunctionItWaitsIn) {
   parked.join();
 }
 
-// Threads that block the signal cost the first one's wait, then a short one each: a process with
-// many of them still ends promptly, and a thread asked after them still answers.
-TEST(ThreadStacksTest, SilentThreadsAreListedWithoutFramesAndCostOneFullWait) {
+// Threads that block the signal (as vaswap's trace writer does) are listed without frames and
+// are not asked, so they cost no wait: a thread asked after them still gets the full wait, and
+// answers.
+TEST(ThreadStacksTest, ThreadsBlockingTheSignalAreListedWithoutFramesAndCostNoWait) {
   constexpr int kSilent = 4, kWaitMs = 500;
   std::mutex m;
   std::condition_variable cv;
@@ -119,9 +120,8 @@ TEST(ThreadStacksTest, SilentThreadsAreListedWithoutFramesAndCostOneFullWait) {
                                [&tid](const ThreadStack& s) { return s.tid == tid.load(); });
   ASSERT_NE(it, stacks.end());
   EXPECT_TRUE(it->answered);
-  // One full wait and three short ones (plus the answering threads'), not four full ones.
-  EXPECT_LT(took, 2 * kWaitMs) << "ms";
-  EXPECT_GE(took, kWaitMs) << "ms";
+  // Not one wait for the four of them (before, each cost the full 500 ms).
+  EXPECT_LT(took, kWaitMs) << "ms";
 
   {
     std::lock_guard<std::mutex> lock(m);
