@@ -1472,7 +1472,7 @@ bool Residency::make_copy_graphs(Device& d, uint64_t id, Slot* slot, void* host,
   std::lock_guard<std::mutex> lock(mutex_);
   Entry* e = by_id_locked(id);
   // Made on the slot's host buffer, or not kept: every copy of the slot names that one buffer.
-  if (e == nullptr || e->d2h_exec != nullptr || e->host != host) {
+  if (e == nullptr || e->d2h_exec != nullptr || host == nullptr || e->host != host) {
     drv().cuGraphExecDestroy(d2h);
     drv().cuGraphExecDestroy(h2d);
     return e != nullptr && e->d2h_exec != nullptr;
@@ -2748,7 +2748,8 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
     // Device handshake: its copy graphs, so that its next restore goes ahead (a restore without
     // them would make a launch wait on the host). Uploaded on the host path's streams: the ones
     // of the device handshake belong to the application's threads.
-    if (copy && d.device_handshake && entry->has_data) {
+    // (Looked up again: the program may have freed it meanwhile; a pin does not stop that.)
+    if (copy && d.device_handshake) {
       Slot* slot = nullptr;
       void* host = nullptr;
       bool make = false;
@@ -2757,7 +2758,8 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
         if (Entry* e = by_id_locked(c.id)) {
           slot = e->slot;
           host = e->host;
-          make = e->d2h_exec == nullptr && e->mapped && e->busy == 0;
+          make = e->has_data && e->host != nullptr && e->d2h_exec == nullptr && e->mapped &&
+                 e->busy == 0;
           if (make) ++e->busy;
         }
       }
@@ -2776,9 +2778,10 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
       if (e == nullptr) continue;
       --e->pins;
       if (!copy) continue;
-      // Still idle, with the same last uses (an application thread may have used it meanwhile).
+      // Still idle, with the same last uses (an application thread may have used it meanwhile),
+      // and, holding data, with its host buffer (never evicted without one).
       bool same = e->where == Where::resident && e->pins == 0 && e->mapped &&
-                  e->marks.size() == c.marks.size();
+                  e->marks.size() == c.marks.size() && (!e->has_data || e->host != nullptr);
       for (size_t i = 0; same && i < c.marks.size(); ++i) same = e->marks[i].record == c.marks[i];
       if (!same) continue;
       evict_locked(*e, "room", &actions);
