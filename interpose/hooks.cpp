@@ -753,6 +753,27 @@ R accessed(const Call& call, CUstream stream, const uintptr_t* addresses, size_t
   return rc;
 }
 
+// A copy that may wait on the host for its stream's earlier work: a synchronous form, or one with
+// pageable host memory on either side (the driver stages it). On the H200 such a wait holds a
+// driver lock that vaswap's mover needs to map the pages a parked stream waits for
+// (bench/results/stall_dump_h200.md). Under the device handshake it runs only once no stream is
+// parked, and none is parked again until it returns: its own slots' restores take the host path,
+// so what it waits for needs nothing more from the mover.
+template <class R, class Real>
+R staged(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,
+         bool synchronous, Real&& real) {
+  intercept::Quiet quiet;
+  if (tls_depth == 0 && intercept::settles() &&
+      (synchronous || intercept::pageable(addresses, count))) {
+    Scope scope;
+    if (const CUresult rc = intercept::settle(call, "a copy that waits on the host", &quiet);
+        rc != CUDA_SUCCESS) {
+      return to_status<R>(rc);
+    }
+  }
+  return accessed<R>(call, stream, addresses, count, std::forward<Real>(real));
+}
+
 // Whether a copy's remaining arguments make it one between device addresses, as far as they
 // say: a runtime copy names its kind (device to device, or default: then the driver is asked
 // when the copy is made as a graph); a driver copy between two CUdeviceptr is one.
@@ -800,7 +821,7 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
       shape.count = bytes;
       return accessed<R>(call, last_stream(rest...), addresses, 2, forward, &shape);
     }
-    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+    return staged<R>(call, last_stream(rest...), addresses, 2, !has_stream<Rest...>(), forward);
   }
 };
 
@@ -870,7 +891,7 @@ struct Copy2D<R (*)(void*, size_t, const void*, size_t, size_t, size_t, Rest...)
     const auto forward = [&] { return real(dst, dpitch, src, spitch, width, height, rest...); };
     if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
-    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+    return staged<R>(call, last_stream(rest...), addresses, 2, !has_stream<Rest...>(), forward);
   }
 };
 
@@ -924,7 +945,7 @@ struct CopyParams<R (*)(const P*, Rest...)> {
     if (!handle() || !intercept::access_wanted() || params == nullptr) return forward();
     uintptr_t addresses[2] = {};
     copy_addresses(*params, addresses);
-    return accessed<R>(call, last_stream(rest...), addresses, 2, forward);
+    return staged<R>(call, last_stream(rest...), addresses, 2, !has_stream<Rest...>(), forward);
   }
 };
 

@@ -1144,6 +1144,21 @@ CUresult settle(const Call& call, const char* work, residency::Quiet* quiet) {
   return rc;
 }
 
+bool pageable(const uintptr_t* addresses, size_t count) {
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr) return false;
+  for (size_t i = 0; i < count; ++i) {
+    if (addresses[i] == 0) continue;
+    CUmemorytype type{};
+    // Unregistered host memory is not a pointer the driver knows: CUDA_ERROR_INVALID_VALUE.
+    if (driver->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                      static_cast<CUdeviceptr>(addresses[i])) != CUDA_SUCCESS) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Param driver_param_info(const void* function, size_t index, size_t* offset, size_t* bytes) {
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return Param::unknown;

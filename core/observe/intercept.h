@@ -181,6 +181,9 @@ bool first_lookup(const void* handle, const char* name);
 // (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log. With
 // `quiet`, no stream is parked again until it is released (after the work).
 CUresult settle(const Call& call, const char* work, residency::Quiet* quiet = nullptr);
+// True when some address is host memory the driver does not know (pageable: malloc, the stack):
+// a copy to or from it is staged, and the call waits for its stream's earlier work.
+bool pageable(const uintptr_t* addresses, size_t count);
 
 // ---------------------------------------------------------------------------------------------
 // Device state

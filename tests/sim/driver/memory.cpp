@@ -108,6 +108,12 @@ CUresult free_range(uintptr_t p, Kind kind) {
   return CUDA_SUCCESS;
 }
 
+// Host memory vaswap_sim did not allocate or register: pageable (malloc, the stack).
+bool pageable(const void* p) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  return find_range(reinterpret_cast<uintptr_t>(p)) == ranges().end();
+}
+
 CUmemorytype memory_type(uintptr_t p) {
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = find_range(p);
@@ -529,6 +535,18 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset,
     return CUDA_ERROR_INVALID_VALUE;
   }
   SIM_TRY(check_capture_safety());
+  // Not while the device is held (a staged copy's wait, a load: Device::loading), as on the H200,
+  // where vaswap's mover waited for the driver's lock meanwhile.
+  int device = -1;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    auto hit = handles().find(handle);
+    if (hit != handles().end()) device = hit->second->device;
+  }
+  std::shared_lock<std::shared_mutex> held;
+  if (device >= 0) {
+    held = std::shared_lock<std::shared_mutex>(devices()[static_cast<size_t>(device)].loading);
+  }
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto hit = handles().find(handle);
   if (hit == handles().end()) return CUDA_ERROR_INVALID_HANDLE;
@@ -654,7 +672,10 @@ static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = linear_copy(dst, dst_t, src, src_t, bytes);
-  return submit(hs, std::move(node));
+  SIM_TRY(submit(hs, std::move(node)));
+  const bool staged = (dst_t == CU_MEMORYTYPE_HOST && pageable(dst)) ||
+                      (src_t == CU_MEMORYTYPE_HOST && pageable(src));
+  return staged ? finish_staged(hs) : CUDA_SUCCESS;
 }
 
 static CUresult copy_sync(void* dst, const void* src, size_t bytes, CUmemorytype dst_t,
@@ -744,7 +765,10 @@ static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = c;
-  return submit(hs, std::move(node));
+  SIM_TRY(submit(hs, std::move(node)));
+  const bool staged = (c.dstMemoryType == CU_MEMORYTYPE_HOST && pageable(c.dstHost)) ||
+                      (c.srcMemoryType == CU_MEMORYTYPE_HOST && pageable(c.srcHost));
+  return staged ? finish_staged(hs) : CUDA_SUCCESS;
 }
 
 static CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {

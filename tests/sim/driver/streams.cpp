@@ -382,6 +382,18 @@ CUresult vsim::sync_or_query(CUstream h, bool wait) {
   return device_error(s->device);
 }
 
+CUresult vsim::finish_staged(CUstream h) {
+  std::shared_ptr<Stream> s;
+  SIM_TRY(resolve_stream(h, &s));
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    if (s->capture) return CUDA_SUCCESS;
+  }
+  std::unique_lock<std::shared_mutex> held(devices()[static_cast<size_t>(s->device)].loading);
+  s->wait(s->tail());
+  return device_error(s->device);
+}
+
 CUresult CUDAAPI cuStreamSynchronize(CUstream h) {
   SIM_ENTER();
   return sync_or_query(h, true);
