@@ -21,6 +21,9 @@
 // cuFuncSetAttribute and a launch on O; the main thread says which call has not returned after
 // 2 s, and whether a cuEventQuery on a third thread returns meanwhile (vaswap's workers query
 // events while a stream is parked); then it writes the flag and says whether all completed.
+// `park_probe --create` does the same with what vaswap's workers and programs create as they go:
+// cuEventCreate, cuStreamCreate, cuStreamCreateWithPriority, an event record on the new stream,
+// cuStreamDestroy and 16 more cuStreamCreate.
 // `park_probe --graphs` asks what the device handshake's copy graphs (core/transform/copy_graph.h)
 // need: while S is parked, a graph of one D2H memcpy node is made, instantiated, uploaded and
 // launched on O (does it run?); then an H2D graph into a VMM buffer whose pages were unmapped after
@@ -33,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -359,7 +363,11 @@ const char kPtx[] = R"(
 )";
 }  // namespace
 
-int module_while_parked() {
+// Runs `count` steps on a helper thread (in the context) while stream S is parked on a flag:
+// says which step had not returned after 2 s per step, and whether an event query on a third
+// thread returns meanwhile; then writes the flag and says how many steps completed.
+int steps_while_parked(const char* const* steps, int count,
+                       const std::function<CUresult(int, const Parked&)>& step) {
   Parked p;
   if (!parked_setup(&p, 1)) return 1;
   CUcontext context = nullptr;
@@ -371,29 +379,14 @@ int module_while_parked() {
   cuStreamWaitValue32(reinterpret_cast<CUstream>(p.s), reinterpret_cast<CUdeviceptr>(p.flag), 1,
                       CU_STREAM_WAIT_VALUE_GEQ);
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  const char* steps[] = {"cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute",
-                         "cuLaunchKernel", "the kernel ran"};
   int done = 0;  // steps done (atomic)
-  double ms[5] = {};
-  CUresult rcs[5] = {};
-  std::thread loader([&] {
+  std::vector<double> ms(count);
+  std::vector<CUresult> rcs(count, CUDA_SUCCESS);
+  std::thread runner([&] {
     cuCtxSetCurrent(context);
-    CUmodule module = nullptr;
-    CUfunction function = nullptr;
-    for (int k = 0; k < 5; ++k) {
+    for (int k = 0; k < count; ++k) {
       const auto start = std::chrono::steady_clock::now();
-      CUresult rc = CUDA_SUCCESS;
-      if (k == 0) rc = cuModuleLoadData(&module, kPtx);
-      if (k == 1) rc = cuModuleGetFunction(&function, module, "probe_kernel");
-      if (k == 2)
-        rc = cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
-      if (k == 3) {
-        CUdeviceptr target = p.a.va;
-        void* args[] = {&target};
-        rc = cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(p.o), args,
-                            nullptr);
-      }
-      if (k == 4) rc = cuStreamSynchronize(reinterpret_cast<CUstream>(p.o));
+      const CUresult rc = step(k, p);
       rcs[k] = rc;
       ms[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count();
@@ -407,7 +400,7 @@ int module_while_parked() {
     seen = __atomic_load_n(&done, __ATOMIC_ACQUIRE);
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (seen == 5 || waited > 2.0 * (seen + 1)) break;
+    if (seen == count || waited > 2.0 * (seen + 1)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // A worker's event query meanwhile, on a thread of its own.
@@ -421,7 +414,7 @@ int module_while_parked() {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const bool query_returned = query_ms >= 0;
-  if (seen < 5) {
+  if (seen < count) {
     std::printf("S parked: %s had not returned after %.1f s (earlier steps:", steps[seen],
                 2.0 * (seen + 1));
   } else {
@@ -431,17 +424,70 @@ int module_while_parked() {
   std::printf(") ; an event query on another thread meanwhile %s\n",
               query_returned ? "returned" : "DID NOT RETURN within 0.5 s");
   __atomic_store_n(p.flag, 1u, __ATOMIC_RELEASE);
-  loader.join();
+  runner.join();
   querier.join();
+  const int all = __atomic_load_n(&done, __ATOMIC_ACQUIRE);
   std::printf(
-      "after the flag was written: %d of 5 steps done (last rc %d, %.1f ms); the query took "
+      "after the flag was written: %d of %d steps done (last rc %d, %.1f ms); the query took "
       "%.1f ms\n",
-      __atomic_load_n(&done, __ATOMIC_ACQUIRE), rcs[4], ms[4], query_ms);
+      all, count, all > 0 ? rcs[all - 1] : 0, all > 0 ? ms[all - 1] : 0.0, query_ms);
   return 0;
+}
+
+int module_while_parked() {
+  const char* steps[] = {"cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute",
+                         "cuLaunchKernel", "the kernel ran"};
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  return steps_while_parked(steps, 5, [&](int k, const Parked& p) {
+    if (k == 0) return cuModuleLoadData(&module, kPtx);
+    if (k == 1) return cuModuleGetFunction(&function, module, "probe_kernel");
+    if (k == 2) {
+      return cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
+    }
+    if (k == 3) {
+      CUdeviceptr target = p.a.va;
+      void* args[] = {&target};
+      return cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(p.o), args,
+                            nullptr);
+    }
+    return cuStreamSynchronize(reinterpret_cast<CUstream>(p.o));
+  });
+}
+
+// What vaswap's workers and the programs it lives in create as they go: events and streams.
+int creation_while_parked() {
+  const char* steps[] = {"cuEventCreate",
+                         "cuStreamCreate",
+                         "cuStreamCreateWithPriority",
+                         "cuEventRecord on the new stream",
+                         "cuStreamDestroy",
+                         "16 more cuStreamCreate"};
+  CUevent event = nullptr;
+  CUstream fresh = nullptr, urgent = nullptr;
+  return steps_while_parked(steps, 6, [&](int k, const Parked&) {
+    if (k == 0) return cuEventCreate(&event, CU_EVENT_DEFAULT);
+    if (k == 1) return cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING);
+    if (k == 2) {
+      int least = 0, greatest = 0;
+      cuCtxGetStreamPriorityRange(&least, &greatest);
+      return cuStreamCreateWithPriority(&urgent, CU_STREAM_NON_BLOCKING, greatest);
+    }
+    if (k == 3) return cuEventRecord(event, fresh);
+    if (k == 4) return cuStreamDestroy(urgent);
+    for (int i = 0; i < 16; ++i) {
+      CUstream more = nullptr;
+      if (const CUresult rc = cuStreamCreate(&more, CU_STREAM_NON_BLOCKING); rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
 }
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--module") == 0) return module_while_parked();
+  if (argc > 1 && std::strcmp(argv[1], "--create") == 0) return creation_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--graphs") == 0) return graphs_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
   if (argc > 1 && std::strcmp(argv[1], "--vmm") == 0) return vmm_while_parked();
