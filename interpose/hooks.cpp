@@ -245,14 +245,23 @@ R launch_with_room(const Call& call, Real&& real) {
 // stream is parked on a restore (intercept::settle), and `quiet` keeps any from being parked again
 // until the launch is made; false, with the error in `rc`, when that wait ran out. Called before
 // anything else of the launch: reading a lazily loaded kernel's parameters loads it too, and its
-// own slots' restores then take the host path (the launch's stream is not parked).
+// own slots' restores then take the host path (the launch's stream is not parked). `*first` says
+// whether this was a first launch, for made() once it returned.
 template <class R>
-bool settled(const Call& call, const void* function, R* rc, intercept::Quiet* quiet) {
-  if (!intercept::first_launch(function)) return true;
+bool settled(const Call& call, const void* function, R* rc, intercept::Quiet* quiet, bool* first) {
+  *first = intercept::first_launch(function);
+  if (!*first) return true;
   const CUresult settled_rc = intercept::settle(call, "the first launch of a kernel", quiet);
   if (settled_rc == CUDA_SUCCESS) return true;
   *rc = to_status<R>(settled_rc);
   return false;
+}
+
+// After a first launch returned: its kernel is loaded, and later launches need not settle.
+template <class R>
+R made(const void* function, bool first, R rc) {
+  if (first && rc == R{}) intercept::launch_made(function);
+  return rc;
 }
 
 // Device handshake: `real`, first-time work (a module load, a lookup that loads, an instantiation),
@@ -635,16 +644,18 @@ R launch_kernel(const Call& call, CUstream stream, const intercept::Kernel& kern
                 void** extra, Forward&& forward) {
   R rc{};
   intercept::Quiet quiet;
-  if (!settled(call, kernel.key, &rc, &quiet)) return rc;
+  bool first = false;
+  if (!settled(call, kernel.key, &rc, &quiet, &first)) return rc;
   if (!intercept::eager_wanted()) {
-    return launch_with_room<R>(call, forward);  // a runtime launch's driver call is handled
+    // A runtime launch's driver call is handled.
+    return made(kernel.key, first, launch_with_room<R>(call, forward));
   }
   Scope scope;
   const auto ticket = intercept::eager_kernel(call, stream, kernel, params, extra);
   if (ticket.result != CUDA_SUCCESS) return to_status<R>(ticket.result);
   rc = launch_with_room<R>(call, forward);
   intercept::eager_done(ticket);
-  return rc;
+  return made(kernel.key, first, rc);
 }
 
 // A driver launch not handled here: from inside a runtime launch (whose hook settled for the host
@@ -653,8 +664,9 @@ template <class R, class Forward>
 R driver_launch_unhandled(const Call& call, const void* function, Forward&& forward) {
   R rc{};
   intercept::Quiet quiet;
-  if (intercept::on() && !settled(call, function, &rc, &quiet)) return rc;
-  return launch_with_room<R>(call, forward);
+  bool first = false;
+  if (intercept::on() && !settled(call, function, &rc, &quiet, &first)) return rc;
+  return made(function, first, launch_with_room<R>(call, forward));
 }
 
 template <class Fn>
@@ -1020,9 +1032,10 @@ struct Load<R (*)(A...)> {
 
 // A kernel's lookup (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, ...): under
 // lazy loading, CUDA's default, the first lookup of a kernel loads it, and a load waits for
-// parked streams as Load's do. Settled as a load, the first time a handle and name are asked for
-// in a context only: programs may look kernels up before every launch, and a settle in steady
-// state would make their thread wait for restores.
+// parked streams as Load's do. Settled as a load until a lookup of a handle and name returned in
+// a context (every thread asking meanwhile settles: the first may still wait, its kernel not
+// loaded yet): programs may look kernels up before every launch, and a settle in steady state
+// would make their thread wait for restores.
 template <class O, class H>
 std::pair<const void*, const char*> lookup_of(O*, H handle, const char* name) {
   return {reinterpret_cast<const void*>(handle), name};
@@ -1046,7 +1059,9 @@ struct Lookup<R (*)(A...)> {
     if (tls_depth != 0 || !intercept::settles()) return real(args...);
     const auto [handle, name] = lookup_of(args...);
     if (!intercept::first_lookup(handle, name)) return real(args...);
-    return quietly<R>(call, "a kernel's first lookup", true, [&] { return real(args...); });
+    const R rc = quietly<R>(call, "a kernel's first lookup", true, [&] { return real(args...); });
+    if (rc == R{}) intercept::lookup_made(handle, name);
+    return rc;
   }
 };
 

@@ -172,10 +172,10 @@ struct Tables {
   // Kernel parameter layouts (offset, size), by function, for scanning eager launches.
   std::mutex layouts_mutex;
   std::unordered_map<const void*, std::vector<std::pair<size_t, size_t>>> layouts;
-  // Kernels launched at least once, in each context (a runtime kernel's module is loaded per
-  // device, at its first launch there), kept only while the device handshake is in use (settle).
+  // Kernels with a launch made (returned) in each context (a runtime kernel's module is loaded
+  // per device, at its first launch there), kept only while the device handshake is in use.
   std::set<std::pair<const void*, CUcontext>> launched_functions;
-  // Kernel lookups made at least once (handle, name, context), likewise.
+  // Kernel lookups that returned (handle, name, context), likewise.
   std::set<std::tuple<const void*, std::string, CUcontext>> lookups;
   std::atomic<uint64_t> allocations{0}, frees{0}, slots{0}, captures_begun{0}, instantiations{0},
       launches{0};
@@ -1113,23 +1113,43 @@ bool access_wanted() { return tables().slots.load(std::memory_order_relaxed) != 
 
 void eager_done(const Ticket& ticket) { planner::after_eager(ticket); }
 
-bool first_launch(const void* function) {
-  if (function == nullptr || !residency::parks_streams()) return false;
+namespace {
+CUcontext current_context() {
   CUcontext context = nullptr;
   if (const Driver* driver = load_driver(nullptr)) driver->cuCtxGetCurrent(&context);
+  return context;
+}
+}  // namespace
+
+bool first_launch(const void* function) {
+  if (function == nullptr || !residency::parks_streams()) return false;
+  const CUcontext context = current_context();
   Tables& t = tables();
   std::lock_guard<std::mutex> lock(t.mutex);
-  return t.launched_functions.emplace(function, context).second;
+  return t.launched_functions.count({function, context}) == 0;
+}
+
+void launch_made(const void* function) {
+  const CUcontext context = current_context();
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.launched_functions.emplace(function, context);
 }
 
 bool settles() { return routing_on() && residency::parks_streams(); }
 
 bool first_lookup(const void* handle, const char* name) {
-  CUcontext context = nullptr;
-  if (const Driver* driver = load_driver(nullptr)) driver->cuCtxGetCurrent(&context);
+  const CUcontext context = current_context();
   Tables& t = tables();
   std::lock_guard<std::mutex> lock(t.mutex);
-  return t.lookups.emplace(handle, name != nullptr ? name : "", context).second;
+  return t.lookups.count({handle, name != nullptr ? name : "", context}) == 0;
+}
+
+void lookup_made(const void* handle, const char* name) {
+  const CUcontext context = current_context();
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.lookups.emplace(handle, name != nullptr ? name : "", context);
 }
 
 CUresult settle(const Call& call, const char* work, residency::Quiet* quiet) {

@@ -165,18 +165,24 @@ void eager_done(const Ticket& ticket);
 // First-time work and the device handshake
 // ---------------------------------------------------------------------------------------------
 
-// True when `function` (a runtime host stub or a CUfunction) is launched for the first time in the
-// current context while the device handshake is in use (residency::parks_streams). One relaxed
-// load otherwise.
+// True when `function` (a runtime host stub or a CUfunction) has no launch made yet in the
+// current context (launch_made) while the device handshake is in use (residency::parks_streams):
+// the launch loads it under lazy loading, and settles. Every thread launching it meanwhile settles
+// too: another thread's first launch may still be waiting to settle, its kernel not yet loaded.
+// One relaxed load when the handshake is not in use.
 bool first_launch(const void* function);
+// After a launch of `function` returned successfully (its kernel is loaded in the context).
+void launch_made(const void* function);
 // True while the device handshake is in use: an instantiation or a module load settles first.
 // Starts nothing (a module load asks it from inside cudart's initialization).
 bool settles();
 using Quiet = residency::Quiet;
-// True the first time `handle` (a module, library, kernel or function) is asked for `name` (may
-// be null) in the current context while the device handshake is in use: a kernel's first lookup,
-// which loads it under lazy loading, settles.
+// True while no lookup of `name` (may be null) in `handle` (a module, library, kernel or
+// function) returned yet in the current context (lookup_made) and the device handshake is in
+// use: a kernel's first lookup, which loads it under lazy loading, settles.
 bool first_lookup(const void* handle, const char* name);
+// After a lookup returned successfully.
+void lookup_made(const void* handle, const char* name);
 // First-time work waits on the host until no stream is parked on a restore
 // (residency::settle); CUDA_SUCCESS, or the error to return with the reason on the log. With
 // `quiet`, no stream is parked again until it is released (after the work).
