@@ -108,6 +108,12 @@ CUresult free_range(uintptr_t p, Kind kind) {
   return CUDA_SUCCESS;
 }
 
+// An asynchronous copy from pageable memory up to this size is copied into the driver's own
+// buffer when it is enqueued, and the call returns at once; a larger one waits for the stream's
+// earlier work first (finish_staged). CUDA documents only that such a copy "might be
+// synchronous"; small pageable copies behind unfinished work return at once on real GPUs.
+constexpr size_t kInlineCopy = 64u << 10;
+
 // Host memory vaswap_sim did not allocate or register: pageable (malloc, the stack).
 bool pageable(const void* p) {
   std::lock_guard<std::mutex> lock(memory_mutex());
@@ -673,9 +679,10 @@ static CUresult copy_async(void* dst, const void* src, size_t bytes, CUstream hs
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = linear_copy(dst, dst_t, src, src_t, bytes);
   SIM_TRY(submit(hs, std::move(node)));
-  const bool staged = (dst_t == CU_MEMORYTYPE_HOST && pageable(dst)) ||
-                      (src_t == CU_MEMORYTYPE_HOST && pageable(src));
-  return staged ? finish_staged(hs) : CUDA_SUCCESS;
+  const bool to_host = dst_t == CU_MEMORYTYPE_HOST && pageable(dst);
+  const bool staged =
+      to_host || (src_t == CU_MEMORYTYPE_HOST && bytes > kInlineCopy && pageable(src));
+  return staged ? finish_staged(hs, to_host) : CUDA_SUCCESS;
 }
 
 static CUresult copy_sync(void* dst, const void* src, size_t bytes, CUmemorytype dst_t,
@@ -766,9 +773,12 @@ static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = c;
   SIM_TRY(submit(hs, std::move(node)));
-  const bool staged = (c.dstMemoryType == CU_MEMORYTYPE_HOST && pageable(c.dstHost)) ||
-                      (c.srcMemoryType == CU_MEMORYTYPE_HOST && pageable(c.srcHost));
-  return staged ? finish_staged(hs) : CUDA_SUCCESS;
+  const bool to_host = c.dstMemoryType == CU_MEMORYTYPE_HOST && pageable(c.dstHost);
+  const bool staged =
+      to_host ||
+      (c.srcMemoryType == CU_MEMORYTYPE_HOST &&
+       c.WidthInBytes * c.Height * (c.Depth ? c.Depth : 1) > kInlineCopy && pageable(c.srcHost));
+  return staged ? finish_staged(hs, to_host) : CUDA_SUCCESS;
 }
 
 static CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {

@@ -314,12 +314,14 @@ CUresult check_device_sync(int device);
 CUresult submit(CUstream h, std::unique_ptr<Node> node);
 // cuStreamSynchronize (wait) or cuStreamQuery (!wait) without the entry checks.
 CUresult sync_or_query(CUstream h, bool wait);
-// The end of a copy to or from pageable host memory, enqueued on `h`: as on the H200
-// (bench/results/stall_dump_h200.md), the driver stages it and the call returns only once it is
-// done, holding the device meanwhile: it waits for the stream's earlier work with `loading` held
-// exclusively, so that no other thread enqueues work or maps pages on the device until it
+// The end of a copy to or from pageable host memory, just enqueued on `h`: as on the H200
+// (bench/results/stall_dump_h200.md), the driver stages it, and the call waits, holding the
+// device, for the stream's earlier work (CUDA's "API synchronization behavior": a copy from
+// pageable memory starts once the stream's earlier work is done) and, `to_host`, for the copy
+// itself (its data reaches the pageable buffer through the staging one). `loading` is held
+// exclusively meanwhile: no other thread enqueues work or maps pages on the device until it
 // returns. Nothing waits when `h` captures (the copy became a node).
-CUresult finish_staged(CUstream h);
+CUresult finish_staged(CUstream h, bool to_host);
 // Waits until every stream of `device` has finished the work enqueued so far.
 void synchronize_device(int device);
 

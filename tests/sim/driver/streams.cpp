@@ -382,7 +382,7 @@ CUresult vsim::sync_or_query(CUstream h, bool wait) {
   return device_error(s->device);
 }
 
-CUresult vsim::finish_staged(CUstream h) {
+CUresult vsim::finish_staged(CUstream h, bool to_host) {
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(h, &s));
   {
@@ -390,7 +390,8 @@ CUresult vsim::finish_staged(CUstream h) {
     if (s->capture) return CUDA_SUCCESS;
   }
   std::unique_lock<std::shared_mutex> held(devices()[static_cast<size_t>(s->device)].loading);
-  s->wait(s->tail());
+  const uint64_t tail = s->tail();
+  s->wait(to_host ? tail : tail - 1);
   return device_error(s->device);
 }
 

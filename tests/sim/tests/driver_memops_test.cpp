@@ -134,7 +134,11 @@ TEST_F(MemopTest, OneStreamWaitsForAnotherThroughAFlag) {
   ASSERT_CU(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
   CUdeviceptr buf = 0;
   ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
-  std::vector<uint32_t> ones(64, 1), out(64, 0);
+  // `out` is pinned: a copy into pageable memory returns only once it is done (CUDA's "API
+  // synchronization behavior"), which here is after the gate.
+  std::vector<uint32_t> ones(64, 1);
+  uint32_t* out = nullptr;
+  ASSERT_CU(cuMemAllocHost(reinterpret_cast<void**>(&out), 64 * sizeof(uint32_t)));
   Gate gate;
   ASSERT_CU(cuLaunchHostFunc(producer, Gate::wait_fn, &gate));
   ASSERT_CU(cuMemcpyHtoDAsync(buf, ones.data(), 64 * sizeof(uint32_t), producer));
@@ -142,10 +146,11 @@ TEST_F(MemopTest, OneStreamWaitsForAnotherThroughAFlag) {
   ASSERT_CU(cuStreamWaitValue32(consumer, flag_address(), 1, CU_STREAM_WAIT_VALUE_GEQ));
   auto* words = reinterpret_cast<uint32_t*>(buf);
   ASSERT_CU(sim_kernels::launch_add(consumer, words, words, 41, 64));
-  ASSERT_CU(cuMemcpyDtoHAsync(out.data(), buf, 64 * sizeof(uint32_t), consumer));
+  ASSERT_CU(cuMemcpyDtoHAsync(out, buf, 64 * sizeof(uint32_t), consumer));
   gate.release();
   ASSERT_CU(cuStreamSynchronize(consumer));
-  EXPECT_EQ(std::vector<uint32_t>(64, 42), out);
+  EXPECT_EQ(std::vector<uint32_t>(64, 42), std::vector<uint32_t>(out, out + 64));
+  ASSERT_CU(cuMemFreeHost(out));
   ASSERT_CU(cuMemFree(buf));
   ASSERT_CU(cuStreamDestroy(producer));
   ASSERT_CU(cuStreamDestroy(consumer));

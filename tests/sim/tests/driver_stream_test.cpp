@@ -64,7 +64,11 @@ TEST_F(StreamTest, StreamWaitEventOrdersWorkAcrossStreams) {
   ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   CUdeviceptr buf = 0;
   ASSERT_CU(cuMemAlloc(&buf, 64 * sizeof(uint32_t)));
-  std::vector<uint32_t> ones(64, 1), out(64, 0);
+  // `out` is pinned: a copy into pageable memory returns only once it is done (CUDA's "API
+  // synchronization behavior"), which here is after the gate.
+  std::vector<uint32_t> ones(64, 1);
+  uint32_t* out = nullptr;
+  ASSERT_CU(cuMemAllocHost(reinterpret_cast<void**>(&out), 64 * sizeof(uint32_t)));
   Gate gate;
   ASSERT_CU(cuLaunchHostFunc(producer, Gate::wait_fn, &gate));
   ASSERT_CU(cuMemcpyHtoDAsync(buf, ones.data(), 64 * sizeof(uint32_t), producer));
@@ -72,13 +76,14 @@ TEST_F(StreamTest, StreamWaitEventOrdersWorkAcrossStreams) {
   ASSERT_CU(cuStreamWaitEvent(consumer, e, 0));
   auto* words = reinterpret_cast<uint32_t*>(buf);
   ASSERT_CU(sim_kernels::launch_add(consumer, words, words, 41, 64));
-  ASSERT_CU(cuMemcpyDtoHAsync(out.data(), buf, 64 * sizeof(uint32_t), consumer));
+  ASSERT_CU(cuMemcpyDtoHAsync(out, buf, 64 * sizeof(uint32_t), consumer));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_CU_ERR(CUDA_ERROR_NOT_READY, cuStreamQuery(consumer))
       << "consumer must wait for the event";
   gate.release();
   ASSERT_CU(cuStreamSynchronize(consumer));
-  for (uint32_t v : out) ASSERT_EQ(42u, v);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(42u, out[i]);
+  ASSERT_CU(cuMemFreeHost(out));
   ASSERT_CU(cuMemFree(buf));
   ASSERT_CU(cuEventDestroy(e));
   ASSERT_CU(cuStreamDestroy(producer));
@@ -258,6 +263,38 @@ TEST_F(StreamTest, AStalledCopyArrivesLate) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
   ASSERT_CU(cuMemcpyDtoH(back.data(), buf, 64));
   EXPECT_EQ(host, back);
+  ASSERT_CU(cuMemFree(buf));
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
+// As CUDA documents and the H200 showed (bench/results/stall_dump_h200.md): a copy into pageable
+// memory returns only once it is done, so it waits for the stream's earlier work; a large one
+// from pageable memory waits for that work before it starts; a small one returns at once.
+TEST_F(StreamTest, CopiesWithPageableMemoryWaitForTheirStream) {
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  constexpr size_t kLarge = 1u << 20;
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, kLarge));
+  std::vector<char> small(4096, 's'), large(kLarge, 'l'), back(kLarge, 0);
+  Gate gate;
+  ASSERT_CU(cuLaunchHostFunc(s, Gate::wait_fn, &gate));
+  std::atomic<int> returned{0};
+  std::thread copier([&] {
+    EXPECT_EQ(CUDA_SUCCESS, cuMemcpyHtoDAsync(buf, small.data(), small.size(), s));
+    returned = 1;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemcpyHtoDAsync(buf, large.data(), kLarge, s));
+    returned = 2;
+    EXPECT_EQ(CUDA_SUCCESS, cuMemcpyDtoHAsync(back.data(), buf, kLarge, s));
+    returned = 3;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(1, returned.load()) << "the small copy returned, the large one waits for the gate";
+  gate.release();
+  copier.join();
+  EXPECT_EQ(3, returned.load());
+  // The copy into pageable memory returned once done: its data is there without a synchronize.
+  EXPECT_EQ(large, back);
   ASSERT_CU(cuMemFree(buf));
   ASSERT_CU(cuStreamDestroy(s));
 }
