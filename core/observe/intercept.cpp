@@ -1167,8 +1167,11 @@ CUresult settle(const Call& call, const char* work, residency::Quiet* quiet) {
 bool pageable(const uintptr_t* addresses, size_t count) {
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return false;
+  const RegionRegistry& registry = tables().registry;
   for (size_t i = 0; i < count; ++i) {
-    if (addresses[i] == 0) continue;
+    // Device memory vaswap tracks is not pageable, even where the driver refuses to describe it
+    // (a slot whose pages are away).
+    if (addresses[i] == 0 || registry.find(addresses[i])) continue;
     CUmemorytype type{};
     // Unregistered host memory is not a pointer the driver knows: CUDA_ERROR_INVALID_VALUE.
     if (driver->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
