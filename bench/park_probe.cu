@@ -21,9 +21,10 @@
 // cuFuncSetAttribute and a launch on O; the main thread says which call has not returned after
 // 2 s, and whether a cuEventQuery on a third thread returns meanwhile (vaswap's workers query
 // events while a stream is parked); then it writes the flag and says whether all completed.
-// `park_probe --create` does the same with what vaswap's workers and programs create as they go:
-// cuEventCreate, cuStreamCreate, cuStreamCreateWithPriority, an event record on the new stream,
-// cuStreamDestroy and 16 more cuStreamCreate.
+// `park_probe --create [N]` does the same with what vaswap's workers and programs create as they
+// go: cuEventCreate, cuStreamCreate, cuStreamCreateWithPriority, an event record on the new
+// stream, cuStreamDestroy and 16 more cuStreamCreate; first N more streams that ran a kernel are
+// parked on the same flag with a kernel behind the wait.
 // `park_probe --graphs` asks what the device handshake's copy graphs (core/transform/copy_graph.h)
 // need: while S is parked, a graph of one D2H memcpy node is made, instantiated, uploaded and
 // launched on O (does it run?); then an H2D graph into a VMM buffer whose pages were unmapped after
@@ -456,25 +457,47 @@ int module_while_parked() {
 }
 
 // What vaswap's workers and the programs it lives in create as they go: events and streams.
-int creation_while_parked() {
-  const char* steps[] = {"cuEventCreate",
+// First `busy` more streams, each of which ran a kernel before, are parked on S's flag with a
+// kernel behind the wait (as an application's streams wait for restores).
+int creation_while_parked(int busy) {
+  const char* steps[] = {"parking the busy streams behind a kernel",
+                         "cuEventCreate",
                          "cuStreamCreate",
                          "cuStreamCreateWithPriority",
                          "cuEventRecord on the new stream",
                          "cuStreamDestroy",
                          "16 more cuStreamCreate"};
+  unsigned* counter = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned));
+  std::vector<cudaStream_t> others(busy);
+  for (cudaStream_t& other : others) {
+    cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    spin<<<1, 32, 0, other>>>(counter);
+  }
+  cudaDeviceSynchronize();
+  std::printf("%d busy streams\n", busy);
   CUevent event = nullptr;
   CUstream fresh = nullptr, urgent = nullptr;
-  return steps_while_parked(steps, 6, [&](int k, const Parked&) {
-    if (k == 0) return cuEventCreate(&event, CU_EVENT_DEFAULT);
-    if (k == 1) return cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING);
-    if (k == 2) {
+  return steps_while_parked(steps, 7, [&](int k, const Parked& p) {
+    if (k == 0) {
+      for (cudaStream_t other : others) {
+        const CUresult rc =
+            cuStreamWaitValue32(reinterpret_cast<CUstream>(other),
+                                reinterpret_cast<CUdeviceptr>(p.flag), 1, CU_STREAM_WAIT_VALUE_GEQ);
+        if (rc != CUDA_SUCCESS) return rc;
+        spin<<<1, 32, 0, other>>>(counter);
+      }
+      return cudaGetLastError() == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    }
+    if (k == 1) return cuEventCreate(&event, CU_EVENT_DEFAULT);
+    if (k == 2) return cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING);
+    if (k == 3) {
       int least = 0, greatest = 0;
       cuCtxGetStreamPriorityRange(&least, &greatest);
       return cuStreamCreateWithPriority(&urgent, CU_STREAM_NON_BLOCKING, greatest);
     }
-    if (k == 3) return cuEventRecord(event, fresh);
-    if (k == 4) return cuStreamDestroy(urgent);
+    if (k == 4) return cuEventRecord(event, fresh);
+    if (k == 5) return cuStreamDestroy(urgent);
     for (int i = 0; i < 16; ++i) {
       CUstream more = nullptr;
       if (const CUresult rc = cuStreamCreate(&more, CU_STREAM_NON_BLOCKING); rc != CUDA_SUCCESS) {
@@ -487,7 +510,9 @@ int creation_while_parked() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--module") == 0) return module_while_parked();
-  if (argc > 1 && std::strcmp(argv[1], "--create") == 0) return creation_while_parked();
+  if (argc > 1 && std::strcmp(argv[1], "--create") == 0) {
+    return creation_while_parked(argc > 2 ? std::atoi(argv[2]) : 0);
+  }
   if (argc > 1 && std::strcmp(argv[1], "--graphs") == 0) return graphs_while_parked();
   if (argc > 1 && std::strcmp(argv[1], "--streams") == 0) return many_streams();
   if (argc > 1 && std::strcmp(argv[1], "--vmm") == 0) return vmm_while_parked();

@@ -425,6 +425,10 @@ void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
     std::unique_ptr<Rewritten> g = std::move(it->second);
     prepared_.erase(it);
     if (exec != nullptr) {
+      // The stream that copies lent slots is made now, while the instantiation holds the quiet
+      // (no stream parked): vaswap's streams are not made while streams are parked
+      // (docs/PLANNER.md, "Handshakes").
+      stream_locked(*g);
       g->exec = exec;
       g->clone = rewritten;
       ++stats_.graphs;

@@ -730,7 +730,18 @@ void Residency::start_device(Device& d) {
     // restore's publication, and a stream would wait for it forever.
     if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(d.restore);
     if (rc == CUDA_SUCCESS) {
+      // Every stream the handshake uses is made now, before any stream is parked: on the H200 an
+      // application thread making an eviction stream while streams were parked stayed inside
+      // cuStreamCreate, holding the residency lock and a driver lock the mover's next call needed
+      // (bench/results/staged_h200.md run 25, first_launch_h200.md run 61; made up front, 48 of
+      // 48 runs passed, streams_first_h200.md). A stream made while one is parked returns at
+      // once in park_probe --create, so what held it is not established.
       rc = with_retries([&] { return driver.cuStreamCreate(&d.ahead_in, CU_STREAM_NON_BLOCKING); });
+      while (rc == CUDA_SUCCESS && d.ahead_out.size() < kAheadStreams) {
+        CUstream out = nullptr;
+        rc = with_retries([&] { return driver.cuStreamCreate(&out, CU_STREAM_NON_BLOCKING); });
+        if (rc == CUDA_SUCCESS) d.ahead_out.push_back(out);
+      }
       if (rc != CUDA_SUCCESS) {
         die(cuda_failure(
             "cuStreamCreate", rc,
@@ -1358,7 +1369,8 @@ bool Residency::evict_ahead(Device& d, Job& job) {
 }
 
 // A stream of `ahead_out` with nothing left to run, or a new one (up to kAheadStreams; past that,
-// the one used longest ago, behind whatever it still holds).
+// the one used longest ago, behind whatever it still holds). Under the device handshake all of
+// them were made at start_device.
 CUstream Residency::idle_out_stream(Device& d) {
   const Driver& driver = drv();
   for (size_t i = 0; i < d.ahead_out.size(); ++i) {
@@ -1597,6 +1609,11 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
            type == CU_MEMORYTYPE_DEVICE;
   };
   if (!on_device(shape.dst) || (!shape.memset && !on_device(shape.src))) return;
+  // An instantiation is first-time work: only while no stream is parked, holding the quiet
+  // (make_graphs_first says why; on the simulator, which stalls instantiations as the H200 did,
+  // one made here while a restore was parked held the device its mover needed). Otherwise the
+  // copy's next wait for its pages tries again.
+  if (!try_quiet()) return;
   CUgraphExec exec = nullptr;
   try {
     ContextScope scope(driver, d.context);
@@ -1607,8 +1624,9 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
                                        "an eager copy made as a graph");
   } catch (const Error& error) {
     log().debug("{}", error.what());
-    return;
   }
+  unquiet();
+  if (exec == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!eager_graphs_.emplace(std::make_pair(d.ordinal, shape), exec).second) {
     driver.cuGraphExecDestroy(exec);
