@@ -38,6 +38,8 @@ namespace {
 constexpr size_t kFlagsPerChunk = 1024;
 // Device handshake: at most this many streams for evictions' D2H copies per device.
 constexpr size_t kAheadStreams = 16;
+// How long an eager copy's thread waits for parked streams before it makes the copy's graph.
+constexpr uint64_t kEagerSettleNs = 100'000'000;
 // Device handshake: how long a restore waits for room, with nothing on its way to make it, before
 // it maps beyond a size budget (at most a quarter of residency.wait_limit).
 constexpr uint64_t kOvershootAfterNs = 100000000;
@@ -441,7 +443,8 @@ class Residency {
   }
   Stats stats();
   bool parks_streams() const { return parks_.load(std::memory_order_acquire); }
-  CUresult settle(const std::string& what, std::string* why, bool hold);
+  // `limit_ns` (0: residency.wait_limit) bounds the wait.
+  CUresult settle(const std::string& what, std::string* why, bool hold, uint64_t limit_ns = 0);
   void unquiet() {
     std::lock_guard<std::mutex> lock(mutex_);
     --settling_;
@@ -1191,11 +1194,14 @@ bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string
                " is held. Raise host_pool.limit or the budget";
         return false;
       }
+      stats_.host_bytes += bytes;  // counted before the allocation: two threads cannot both pass
     }
     void* host = nullptr;
     try {
       host = engine().host_alloc(bytes);
     } catch (const Error& error) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.host_bytes -= bytes;
       *why = error.what();
       return false;
     }
@@ -1204,8 +1210,9 @@ bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string
       Entry* e = by_id_locked(id);
       if (e != nullptr && !e->forgotten && e->host == nullptr) {
         e->host = host;
-        stats_.host_bytes += bytes;
         host = nullptr;
+      } else {
+        stats_.host_bytes -= bytes;
       }
     }
     if (host != nullptr) engine().host_free(host);  // given one meanwhile, or freed
@@ -1609,11 +1616,15 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
            type == CU_MEMORYTYPE_DEVICE;
   };
   if (!on_device(shape.dst) || (!shape.memset && !on_device(shape.src))) return;
-  // An instantiation is first-time work: only while no stream is parked, holding the quiet
+  // An instantiation is first-time work: only once no stream is parked, holding the quiet
   // (make_graphs_first says why; on the simulator, which stalls instantiations as the H200 did,
-  // one made here while a restore was parked held the device its mover needed). Otherwise the
-  // copy's next wait for its pages tries again.
-  if (!try_quiet()) return;
+  // one made here while a restore was parked held the device its mover needed). The copy's own
+  // stream is usually parked on the restore whose pages it waited for, whose copy is already
+  // enqueued: this thread waits for that, once per copy, at most kEagerSettleNs (the restores it
+  // waits for could need room this thread's pinned slots hold); past that, the copy's next wait
+  // for its pages tries again.
+  std::string why;
+  if (settle("an eager copy made as a graph", &why, true, kEagerSettleNs) != CUDA_SUCCESS) return;
   CUgraphExec exec = nullptr;
   try {
     ContextScope scope(driver, d.context);
@@ -2430,7 +2441,8 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
 // here, on the host, until every flag a stream waits for is written. Once everything has run once
 // nothing waits. The flags are written by the device, so the wait polls them (20 us, doubling to
 // 1 ms), bounded by residency.wait_limit.
-CUresult Residency::settle(const std::string& what, std::string* why, bool hold) {
+CUresult Residency::settle(const std::string& what, std::string* why, bool hold,
+                           uint64_t limit_ns) {
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::microseconds(20);
   bool waited = false;
@@ -2464,7 +2476,7 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold)
         if (hold) settling.counted = false;  // handed to the caller's Quiet
         return CUDA_SUCCESS;
       }
-      limit = settings_.wait_limit_ns;
+      limit = limit_ns != 0 ? std::min(limit_ns, settings_.wait_limit_ns) : settings_.wait_limit_ns;
     }
     waited = true;
     settling.count();

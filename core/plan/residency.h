@@ -205,7 +205,7 @@ struct Stats {
   double host_wait_us = 0;
   uint64_t map_waits = 0;  // copies and memsets that waited for their slots' pages to be mapped
   double map_wait_us = 0;
-  uint64_t host_bytes = 0;        // pinned bytes held for evicted slots
+  uint64_t host_bytes = 0;        // pinned bytes held (or being allocated) for evicted slots
   bool device_handshake = false;  // stream memory operations in use
   uint64_t settle_waits = 0;      // first-time work that waited for parked streams (settle)
   double settle_wait_us = 0;
