@@ -38,8 +38,10 @@ namespace {
 constexpr size_t kFlagsPerChunk = 1024;
 // Device handshake: at most this many streams for evictions' D2H copies per device.
 constexpr size_t kAheadStreams = 16;
-// How long an eager copy's thread waits for parked streams before it makes the copy's graph.
+// How long an eager copy's thread waits for parked streams before it makes the copy's graph, and
+// how many such waits a copy gets before it is never made as a graph.
 constexpr uint64_t kEagerSettleNs = 100'000'000;
+constexpr int kEagerTries = 3;
 // Device handshake: how long a restore waits for room, with nothing on its way to make it, before
 // it maps beyond a size budget (at most a quarter of residency.wait_limit).
 constexpr uint64_t kOvershootAfterNs = 100000000;
@@ -195,7 +197,8 @@ struct Entry {
   int pins = 0;
   int busy = 0;  // workers' driver calls on its pages (or its VA) in flight
   Where where = Where::unbacked;
-  bool has_data = false;  // used since it got pages: an eviction copies it out
+  bool has_data = false;      // used since it got pages: an eviction copies it out
+  bool host_pending = false;  // a thread is allocating its pinned copy (ensure_host_copies)
   bool submitted = true;
   bool mapped = false;     // pages mapped now (what the workers did, not what was decided)
   bool unmapping = false;  // the unmapper is unmapping it
@@ -528,6 +531,7 @@ class Residency {
   // Also from the mover (evict_idle): no application thread lock is needed.
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
   bool ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why);
+  bool settle_host_copy(uint64_t id, uint64_t bytes, void* host);
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
   bool evict_ahead(Device& d, Job& job);
@@ -633,6 +637,8 @@ class Residency {
   // Device handshake: eager copies and memsets made as graphs (EagerShape), per device; at most
   // kEagerGraphs of them.
   std::map<std::pair<int, EagerShape>, CUgraphExec> eager_graphs_;
+  // Settles that ran out of time before such a graph was made (kEagerTries), by the same key.
+  std::map<std::pair<int, EagerShape>, int> eager_tries_;
 
  public:
   std::atomic<bool> parks_{false};  // some device uses the device handshake
@@ -1176,14 +1182,23 @@ bool Residency::ensure_host_copies(const std::vector<Entry*>& victims, std::stri
 // as a victim before the mover pinned it): the second keeps the first's and frees its own. (Both
 // were written once, the second over the first: the copy graphs named one buffer and the unmapper
 // the other, so a restore read a buffer its eviction never wrote, with an earlier slot's data;
-// the H200's wrong checksum in bench/results/handshake_staged_h200.md.) Looked up by id, as the
+// the H200's wrong checksum in bench/results/handshake_staged_h200.md.) A second thread waits for
+// the first's allocation (bounded) instead of making its own: the bytes are counted against
+// host_pool.limit before the allocation, so that threads cannot pass the limit together, and two
+// allocations for one slot would count twice (and refuse one wrongly). Looked up by id, as the
 // slot may be freed while the buffer is allocated.
 bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why) {
   for (uint64_t id : ids) {
     uint64_t bytes = 0;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const Entry* e = by_id_locked(id);
+      std::unique_lock<std::mutex> lock(mutex_);
+      Entry* e = by_id_locked(id);
+      if (e != nullptr && e->host_pending) {
+        changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
+          e = by_id_locked(id);
+          return e == nullptr || !e->host_pending;
+        });
+      }
       if (e == nullptr || e->forgotten || !e->has_data || e->host != nullptr) continue;
       bytes = e->pages;
       if (settings_.host_limit_bytes != 0 &&
@@ -1195,29 +1210,46 @@ bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string
         return false;
       }
       stats_.host_bytes += bytes;  // counted before the allocation: two threads cannot both pass
+      e->host_pending = true;
     }
     void* host = nullptr;
+    std::string failed;
     try {
       host = engine().host_alloc(bytes);
     } catch (const Error& error) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.host_bytes -= bytes;
-      *why = error.what();
+      failed = error.what();
+    } catch (...) {
+      settle_host_copy(id, bytes, nullptr);
+      throw;
+    }
+    if (!settle_host_copy(id, bytes, host) && host != nullptr) {
+      engine().host_free(host);  // given one meanwhile (past a wait's limit), or freed
+    }
+    if (host == nullptr) {
+      *why = failed.empty() ? "the pinned allocation of " + byte_size(bytes) + " failed" : failed;
       return false;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      Entry* e = by_id_locked(id);
-      if (e != nullptr && !e->forgotten && e->host == nullptr) {
-        e->host = host;
-        host = nullptr;
-      } else {
-        stats_.host_bytes -= bytes;
-      }
-    }
-    if (host != nullptr) engine().host_free(host);  // given one meanwhile, or freed
   }
   return true;
+}
+
+// Ends ensure_host_copies' allocation for slot `id`: gives the slot `host` if it still has no
+// buffer (true), else takes the bytes off the count (false). Wakes threads waiting for it.
+bool Residency::settle_host_copy(uint64_t id, uint64_t bytes, void* host) {
+  bool kept = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry* e = by_id_locked(id);
+    if (e != nullptr) e->host_pending = false;
+    if (host != nullptr && e != nullptr && !e->forgotten && e->host == nullptr) {
+      e->host = host;
+      kept = true;
+    } else {
+      stats_.host_bytes -= bytes;
+    }
+  }
+  changed_.notify_all();
+  return kept;
 }
 
 // Turns marks into events, enqueues the device handshake's copies, queues the jobs for the
@@ -1607,6 +1639,8 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
     if (eager_graphs_.size() >= kEagerGraphs || eager_graphs_.count({d.ordinal, shape}) != 0) {
       return;
     }
+    auto tried = eager_tries_.find({d.ordinal, shape});
+    if (tried != eager_tries_.end() && tried->second >= kEagerTries) return;
   }
   if (!on_device_of(driver, stream, d.ordinal)) return;
   const auto on_device = [&driver](CUdeviceptr p) {
@@ -1622,9 +1656,14 @@ void Residency::make_eager_graph(Device& d, const EagerShape& shape, CUstream st
   // stream is usually parked on the restore whose pages it waited for, whose copy is already
   // enqueued: this thread waits for that, once per copy, at most kEagerSettleNs (the restores it
   // waits for could need room this thread's pinned slots hold); past that, the copy's next wait
-  // for its pages tries again.
+  // for its pages tries again, kEagerTries times in all (then the copy always waits for its
+  // pages on the host, as without the device handshake).
   std::string why;
-  if (settle("an eager copy made as a graph", &why, true, kEagerSettleNs) != CUDA_SUCCESS) return;
+  if (settle("an eager copy made as a graph", &why, true, kEagerSettleNs) != CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (eager_tries_.size() < kEagerGraphs) ++eager_tries_[{d.ordinal, shape}];
+    return;
+  }
   CUgraphExec exec = nullptr;
   try {
     ContextScope scope(driver, d.context);
@@ -1738,6 +1777,12 @@ void Residency::forget(Slot* slot) {
     } else {
       ++it;
     }
+  }
+  for (auto it = eager_tries_.begin(); it != eager_tries_.end();) {
+    const EagerShape& shape = it->first.second;
+    const size_t bytes = shape.memset ? shape.count * shape.element : shape.count;
+    const bool named = names(shape.dst, bytes) || (!shape.memset && names(shape.src, bytes));
+    it = named ? eager_tries_.erase(it) : std::next(it);
   }
   const Flag flag = e->flag;
   const uint32_t ready = e->ready;
