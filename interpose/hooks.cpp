@@ -826,7 +826,10 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
     const auto forward = [&] { return real(dst, src, bytes, rest...); };
     if (!handle() || !intercept::access_wanted()) return forward();
     const uintptr_t addresses[] = {address_of(dst), address_of(src)};
-    if (has_stream<Rest...>() && device_to_device<D, S>(rest...)) {
+    // A copy whose kind says device to device may still name pageable memory (cudaMemcpyDefault,
+    // cuMemcpyAsync: unified addressing tells); staged() settles such a copy.
+    if (has_stream<Rest...>() && device_to_device<D, S>(rest...) &&
+        !(intercept::settles() && intercept::pageable(addresses, 2))) {
       residency::EagerShape shape;
       shape.dst = static_cast<CUdeviceptr>(address_of(dst));
       shape.src = static_cast<CUdeviceptr>(address_of(src));
@@ -861,7 +864,9 @@ struct CopyBatch<R (*)(D*, S*, Z*, size_t, Rest...)> {
       addresses.push_back(address_of(dsts[i]));
       addresses.push_back(address_of(srcs[i]));
     }
-    return accessed<R>(call, last_stream(rest...), addresses.data(), addresses.size(), forward);
+    // A copy with pageable memory in the batch waits on the host: the batch settles (staged).
+    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), false,
+                     forward);
   }
 };
 

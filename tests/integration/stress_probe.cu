@@ -8,6 +8,8 @@
 // as PyTorch replays its graphs on the current stream; captures stay on each thread's own stream.
 // --copy2d: the result is read back with cudaMemcpy2DAsync (rows of 4 KiB), after a
 // cudaMemset2DAsync clears it, instead of with cudaMemcpyAsync.
+// --default-kind: the result is read back with cudaMemcpyAsync naming cudaMemcpyDefault (the
+// driver tells the host memory from the pointer), as many programs do.
 // --copy3dpeer: the result is first copied into the round's second buffer with
 // cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
@@ -60,6 +62,7 @@ namespace {
 std::atomic<int> g_failed{0};
 bool g_legacy = false;
 bool g_copy2d = false;
+bool g_default_kind = false;
 bool g_copy3d_peer = false;
 bool g_jit = false;
 std::mutex g_print;
@@ -261,7 +264,8 @@ void work(int thread, int rounds, uint64_t* checksum) {
       CHECK(cudaMemcpy2DAsync(host.data(), kRow, c, kRow, kRow, kRows, cudaMemcpyDeviceToHost, s));
       CHECK(cudaMemset2DAsync(b, kRow, 0, kRow, kRows, s));  // b is read no more this round
     } else {
-      CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+      CHECK(cudaMemcpyAsync(host.data(), c, kElems * sizeof(uint32_t),
+                            g_default_kind ? cudaMemcpyDefault : cudaMemcpyDeviceToHost, s));
     }
     CHECK(cudaStreamSynchronize(s));
     for (uint32_t i = 0; i < kElems; ++i) {
@@ -371,16 +375,17 @@ int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   const char* usage =
       "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] [--jit] "
-      "[--free-while-capturing]\n";
+      "[--default-kind] [--free-while-capturing]\n";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--free-while-capturing") == 0) return free_while_capturing();
   }
   for (int i = 1; i < argc; i += 2) {
-    bool* flag = std::strcmp(argv[i], "--legacy") == 0       ? &g_legacy
-                 : std::strcmp(argv[i], "--copy2d") == 0     ? &g_copy2d
-                 : std::strcmp(argv[i], "--copy3dpeer") == 0 ? &g_copy3d_peer
-                 : std::strcmp(argv[i], "--jit") == 0        ? &g_jit
-                                                             : nullptr;
+    bool* flag = std::strcmp(argv[i], "--legacy") == 0         ? &g_legacy
+                 : std::strcmp(argv[i], "--copy2d") == 0       ? &g_copy2d
+                 : std::strcmp(argv[i], "--copy3dpeer") == 0   ? &g_copy3d_peer
+                 : std::strcmp(argv[i], "--jit") == 0          ? &g_jit
+                 : std::strcmp(argv[i], "--default-kind") == 0 ? &g_default_kind
+                                                               : nullptr;
     if (flag != nullptr) {
       *flag = true;
       --i;

@@ -17,6 +17,8 @@
 #   5b. the same with a module loaded through the driver each round and its kernel looked up later
 #      (--jit, as Triton does) while streams are parked: each waits until none is (it hangs
 #      otherwise, as on the H200);
+#   5c. results read back with cudaMemcpyAsync(cudaMemcpyDefault) into pageable memory under the
+#      device handshake: such a copy settles (it waits on the host), whatever its kind says;
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
 #   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
@@ -95,6 +97,13 @@ evictions parks_hold_copy3dpeer 24
 # first lookup (lazy loading loads it then), run only once no stream is parked, and none is parked
 # until they return. Without the load hook this run hangs until the watchdog ends it (2 of 2
 # runs), without the lookup hook 2 of 3.
+# Results read back with cudaMemcpyAsync naming cudaMemcpyDefault into pageable memory (the
+# driver stages such a copy and waits for the stream's earlier work, which may wait for a restore):
+# it settles as every copy that waits on the host does, though its kind does not say it names host
+# memory. Before, it did not, and this case hung on a device whose waiting streams hold back later
+# work.
+VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under default_kind 12MiB 24 --default-kind
+evictions default_kind 24
 extra_conf=",residency.handshake=device" under jit 12MiB 24 --jit
 evictions jit 24
 python3 - "$tmp/jit.jsonl" <<'PY' || fail "jit"
