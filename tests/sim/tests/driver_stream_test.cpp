@@ -288,6 +288,11 @@ TEST_F(StreamTest, CopiesWithPageableMemoryWaitForTheirStream) {
     EXPECT_EQ(CUDA_SUCCESS, cuMemcpyDtoHAsync(back.data(), buf, kLarge, s));
     returned = 3;
   });
+  // The small copy returns (within 10 s, however loaded the machine), then the large one waits
+  // for the gate: still waiting 50 ms later.
+  for (int i = 0; i < 10000 && returned.load() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(1, returned.load()) << "the small copy returned, the large one waits for the gate";
   gate.release();
