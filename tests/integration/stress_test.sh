@@ -91,12 +91,6 @@ evictions parks_hold_the_device 24
 # every run).
 VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_copy3dpeer 12MiB 24 --copy3dpeer
 evictions parks_hold_copy3dpeer 24
-# Modules loaded at run time through the driver, as JIT compilers do (--jit), under the device
-# handshake: on the H200 a load waits for a parked stream while the copy that would release it
-# waits for the load (the simulator models this, docs/SIMULATOR.md), so a load, and a kernel's
-# first lookup (lazy loading loads it then), run only once no stream is parked, and none is parked
-# until they return. Without the load hook this run hangs until the watchdog ends it (2 of 2
-# runs), without the lookup hook 2 of 3.
 # Results read back with cudaMemcpyAsync naming cudaMemcpyDefault into pageable memory (the
 # driver stages such a copy and waits for the stream's earlier work, which may wait for a restore):
 # it settles as every copy that waits on the host does, though its kind does not say it names host
@@ -104,6 +98,12 @@ evictions parks_hold_copy3dpeer 24
 # work.
 VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under default_kind 12MiB 24 --default-kind
 evictions default_kind 24
+# Modules loaded at run time through the driver, as JIT compilers do (--jit), under the device
+# handshake: on the H200 a load waits for a parked stream while the copy that would release it
+# waits for the load (the simulator models this, docs/SIMULATOR.md), so a load, and a kernel's
+# first lookup (lazy loading loads it then), run only once no stream is parked, and none is parked
+# until they return. Without the load hook this run hangs until the watchdog ends it (2 of 2
+# runs), without the lookup hook 2 of 3.
 extra_conf=",residency.handshake=device" under jit 12MiB 24 --jit
 evictions jit 24
 python3 - "$tmp/jit.jsonl" <<'PY' || fail "jit"
