@@ -805,6 +805,25 @@ bool device_to_device(Rest... rest) {
   }
 }
 
+// Whether a copy between device addresses (device_to_device) may still name pageable host memory:
+// the runtime's cudaMemcpyDefault and the driver's unified cuMemcpy and cuMemcpyAsync, where
+// unified addressing says which side is which. The explicit device-to-device forms
+// (cudaMemcpyDeviceToDevice, cuMemcpyDtoD*) take device memory only, so they are not asked
+// (the question is a cuPointerGetAttribute per address vaswap does not track).
+inline bool unified_kind(cudaMemcpyKind kind) { return kind == cudaMemcpyDefault; }
+template <class T>
+bool unified_kind(T /*not a kind*/) {
+  return false;
+}
+template <class... Rest>
+bool unified(const Call& call, Rest... rest) {
+  if constexpr ((std::is_same_v<Rest, cudaMemcpyKind> || ...)) {
+    return (unified_kind(rest) || ...);
+  } else {
+    return std::strncmp(call.symbol, "cuMemcpyDtoD", 12) != 0;
+  }
+}
+
 // True when the call's last argument is a stream: an asynchronous copy or memset.
 template <class... Rest>
 constexpr bool has_stream() {
@@ -829,7 +848,7 @@ struct Copy<R (*)(D, S, size_t, Rest...)> {
     // A copy whose kind says device to device may still name pageable memory (cudaMemcpyDefault,
     // cuMemcpyAsync: unified addressing tells); staged() settles such a copy.
     if (has_stream<Rest...>() && device_to_device<D, S>(rest...) &&
-        !(intercept::settles() && intercept::pageable(addresses, 2))) {
+        !(intercept::settles() && unified(call, rest...) && intercept::pageable(addresses, 2))) {
       residency::EagerShape shape;
       shape.dst = static_cast<CUdeviceptr>(address_of(dst));
       shape.src = static_cast<CUdeviceptr>(address_of(src));
