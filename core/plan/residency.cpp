@@ -531,7 +531,7 @@ class Residency {
   // Also from the mover (evict_idle): no application thread lock is needed.
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
   bool ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why);
-  bool settle_host_copy(uint64_t id, uint64_t bytes, void* host);
+  bool finish_host_copy(uint64_t id, uint64_t bytes, void* host);
   // `stream`: the launching stream to make wait, if `waits`.
   void carry_out(Actions& actions, bool waits, CUstream stream);
   bool evict_ahead(Device& d, Job& job);
@@ -1219,10 +1219,10 @@ bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string
     } catch (const Error& error) {
       failed = error.what();
     } catch (...) {
-      settle_host_copy(id, bytes, nullptr);
+      finish_host_copy(id, bytes, nullptr);
       throw;
     }
-    if (!settle_host_copy(id, bytes, host) && host != nullptr) {
+    if (!finish_host_copy(id, bytes, host) && host != nullptr) {
       engine().host_free(host);  // given one meanwhile (past a wait's limit), or freed
     }
     if (host == nullptr) {
@@ -1235,7 +1235,7 @@ bool Residency::ensure_host_copies(const std::vector<uint64_t>& ids, std::string
 
 // Ends ensure_host_copies' allocation for slot `id`: gives the slot `host` if it still has no
 // buffer (true), else takes the bytes off the count (false). Wakes threads waiting for it.
-bool Residency::settle_host_copy(uint64_t id, uint64_t bytes, void* host) {
+bool Residency::finish_host_copy(uint64_t id, uint64_t bytes, void* host) {
   bool kept = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1765,13 +1765,15 @@ void Residency::forget(Slot* slot) {
   const bool map_now = unpublished && !e->mapped;
   std::vector<CUgraphExec> copy_graphs = {e->d2h_exec, e->h2d_exec};
   // Eager copies and memsets made as graphs that name it go too.
-  const auto names = [slot](CUdeviceptr p, size_t bytes) {
-    return p < slot->va + slot->bytes && slot->va < p + bytes;
+  const auto names = [slot](const EagerShape& shape) {
+    const size_t bytes = shape.memset ? shape.count * shape.element : shape.count;
+    const auto overlaps = [slot, bytes](CUdeviceptr p) {
+      return p < slot->va + slot->bytes && slot->va < p + bytes;
+    };
+    return overlaps(shape.dst) || (!shape.memset && overlaps(shape.src));
   };
   for (auto it = eager_graphs_.begin(); it != eager_graphs_.end();) {
-    const EagerShape& shape = it->first.second;
-    const size_t bytes = shape.memset ? shape.count * shape.element : shape.count;
-    if (names(shape.dst, bytes) || (!shape.memset && names(shape.src, bytes))) {
+    if (names(it->first.second)) {
       copy_graphs.push_back(it->second);
       it = eager_graphs_.erase(it);
     } else {
@@ -1779,10 +1781,7 @@ void Residency::forget(Slot* slot) {
     }
   }
   for (auto it = eager_tries_.begin(); it != eager_tries_.end();) {
-    const EagerShape& shape = it->first.second;
-    const size_t bytes = shape.memset ? shape.count * shape.element : shape.count;
-    const bool named = names(shape.dst, bytes) || (!shape.memset && names(shape.src, bytes));
-    it = named ? eager_tries_.erase(it) : std::next(it);
+    it = names(it->first.second) ? eager_tries_.erase(it) : std::next(it);
   }
   const Flag flag = e->flag;
   const uint32_t ready = e->ready;
