@@ -33,6 +33,7 @@
 # capacity_h200_runs.tar.gz (every run's output, JSON and vaswap trace); for torch_ranks also
 # capacity_two_ranks_report.txt (`vaswap report` over both ranks' traces of the largest run).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/bench/results/capacity}
@@ -53,7 +54,7 @@ programs=("$@")
 log=$out/capacity_h200.log
 exec > >(tee -a "$log") 2>&1
 echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version \
-  --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  --format=csv,noheader 2>/dev/null | head -1), commit $(bench_commit)"
 echo "# command: bash bench/run_capacity_h200.sh ${programs[*]}"
 status=0
 [[ -s $out/capacity_h200.md ]] || cat >"$out/capacity_h200.md" <<'MD'

@@ -8,6 +8,7 @@
 #   cmake --build build/gpu --target vaswap core_tests_cuda slot_bench_cuda vmm_interference_cuda
 # Writes logs to $OUT (or bench/results/) and prints the benchmark table last.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/bench/results}
 mkdir -p "$out"
@@ -45,7 +46,7 @@ for run in $(seq 1 "$runs"); do
   [[ ${PIPESTATUS[0]} -eq 0 ]] || bench=1
   tables+=("$out/slot_bench_h200_run$run.md")
 done
-note="command: bash bench/run_core_h200.sh; $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+note="command: bash bench/run_core_h200.sh; $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
 python3 bench/slot_bench_summary.py "${tables[@]}" --note "$note" --out "$out/slot_bench_h200.md" | tee -a "$out/core_h200.log"
 echo "core=$core python=$py probe=$probe bench=$bench" | tee -a "$out/core_h200.log"
 [[ $core -eq 0 && $py -eq 0 && $probe -eq 0 && $bench -eq 0 ]]

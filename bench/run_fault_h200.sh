@@ -15,6 +15,7 @@
 # Expects build/gpu/bin/train_layers_static_cuda and build/gpu/lib (carried). Writes
 # $OUT (else bench/results)/fault_h200.log and fault_h200.md.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/bench/results}
@@ -26,7 +27,7 @@ md=$out/fault_h200.md
 work=$(mktemp -d)
 args=(--layers 8 --elems 8388608 --steps 10)
 {
-  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: bash bench/run_fault_h200.sh"
 } | tee "$log"
 cat >"$md" <<'MD'

@@ -12,6 +12,7 @@
 #      vaswap, selection on: losses compared bit for bit, the trace summarized
 #   4. the passthrough bench, alternating runs without and with the preload
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/bench/results}
 mkdir -p "$out"
@@ -22,7 +23,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 log=$out/interpose_h200.log
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); command: bash bench/run_interpose_h200.sh"
+  echo "# commit $(bench_commit); command: bash bench/run_interpose_h200.sh"
 } | tee "$log"
 status=0
 counts() {  # counts TRACE: events per (event, call, api), and the selected allocations

@@ -39,6 +39,7 @@
 # Writes $OUT (else bench/results)/overhead_h200.md (the table, with its command) and
 # overhead_h200_runs.tar.gz (outputs, JSON and traces).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/bench/results}
@@ -54,7 +55,7 @@ programs=("$@")
 [[ ${#programs[@]} -gt 0 ]] || programs=(torch_layers demo)
 md=$out/overhead_h200.md
 {
-  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
   echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"

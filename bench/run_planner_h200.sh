@@ -10,6 +10,7 @@
 # outputs and the traces in bench/results/planner_h200_runs.tar.gz. Expects build/gpu/{bin,lib}
 # (cmake -DVASWAP_CUDA_EXAMPLES=ON; see bench/README.md).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/bench/results}
 mkdir -p "$out"
@@ -46,7 +47,7 @@ for name in $runs; do
 done
 
 {
-  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: bash bench/run_planner_h200.sh   (VASWAP_CONF=$conf)"
   echo
   python3 bench/planner_summary.py "${specs[@]}" || status=1

@@ -10,6 +10,7 @@
 # Expects build/gpu/{bin,lib} (bench/README.md). Writes $OUT (else bench/results/)/
 # residency_h200.log and residency_h200_runs.tar.gz (each run's output, JSON and trace).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/bench/results}
 mkdir -p "$out"
@@ -20,7 +21,7 @@ log=$out/residency_h200.log
 lib=build/gpu/lib/libvaswap.so
 status=0
 exec > >(tee "$log") 2>&1
-echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
 echo "# command: bash bench/run_residency_h200.sh"
 
 echo "== slot suite"

@@ -12,6 +12,7 @@
 #   LOG_LEVEL (info), VASWAP_LIB (build/gpu/lib/libvaswap.so), OUT (bench/results).
 # Writes $OUT/torch_compile_budget.md and torch_compile_budget_runs.tar.gz (outputs, logs, traces).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/commit.sh"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/bench/results}
@@ -26,7 +27,7 @@ read -r -a handshakes <<<"${HANDSHAKES:-device}"
 cmd=(python3 examples/pytorch/graphed_layers.py --layers 8 --graph compile --steps "$steps")
 md=$out/torch_compile_budget.md
 {
-  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: BUDGETS=\"${budgets[*]}\" HANDSHAKES=\"${handshakes[*]}\" STEPS=$steps bash bench/torch_compile_budget.sh"
   echo
 } >"$md"
