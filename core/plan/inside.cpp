@@ -269,6 +269,23 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     return nullptr;
   }
 
+  // The stream that copies lent slots, made now, while the instantiation holds the quiet (no
+  // stream parked): vaswap's streams are not made while streams are parked (docs/PLANNER.md,
+  // "Handshakes"). Without it the graph is instantiated as captured.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CUstream& stream = streams_[device];
+    if (stream == nullptr) {
+      ContextScope scope(drv(), engine().context(device));
+      if (const CUresult rc = drv().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+          rc != CUDA_SUCCESS) {
+        stream = nullptr;
+        *why = cuda_failure("cuStreamCreate", rc, "the stream that copies lent slots");
+        return nullptr;
+      }
+    }
+  }
+
   auto g = std::make_unique<Rewritten>();
   g->device = device;
   g->context = engine().context(device);
@@ -425,10 +442,6 @@ void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
     std::unique_ptr<Rewritten> g = std::move(it->second);
     prepared_.erase(it);
     if (exec != nullptr) {
-      // The stream that copies lent slots is made now, while the instantiation holds the quiet
-      // (no stream parked): vaswap's streams are not made while streams are parked
-      // (docs/PLANNER.md, "Handshakes").
-      stream_locked(*g);
       g->exec = exec;
       g->clone = rewritten;
       ++stats_.graphs;
@@ -874,17 +887,8 @@ void Inside::bring_back(Rewritten& g, Lent& lent, CUstream stream, const void* d
   if (data != nullptr) copy_in(g, lent, data, stream);
 }
 
-CUstream Inside::stream_locked(Rewritten& g) {
-  CUstream& stream = streams_[g.device];
-  if (stream == nullptr) {
-    ContextScope scope(drv(), g.context);
-    const CUresult rc = drv().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
-    if (rc != CUDA_SUCCESS) {
-      die(cuda_failure("cuStreamCreate", rc, "the stream that copies lent slots"));
-    }
-  }
-  return stream;
-}
+// Made by prepare() before the graph was rewritten, and kept until the process ends.
+CUstream Inside::stream_locked(Rewritten& g) { return streams_.at(g.device); }
 
 void Inside::copy_in(Rewritten& g, Lent& lent, const void* data, CUstream stream) {
   const Driver& driver = drv();

@@ -21,6 +21,8 @@
 #      before any wait).
 #   5. A map that fails once (out of memory) is retried: same checksum. A map that hangs in the
 #      driver past residency.wait_limit ends the process with exit status 70 and names it.
+#   6. Each stream creation of the run failing in turn: the checksum, or the failed call named;
+#      the rewrite's own stream failing leaves the graph instantiated as captured, said.
 # Usage: inside_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -169,3 +171,32 @@ grep -q "injected fault: cuMemCreate" "$tmp/err" || fail "a map stuck in the dri
 [[ $rc == 70 ]] || fail "a map stuck in the driver: exit status $rc, not 70"
 grep -q "the executor has been mapping slot" "$tmp/err" || fail "a stuck map is not named"
 echo "ok   a map stuck in the driver past the wait limit: exit 70, named"
+
+# 6. Every stream creation failing in turn (the program's, vaswap's workers', the stream that
+# copies lent slots): each run gives the checksum or stops with the failed call named, never a
+# wrong result. The rewrite's own stream failing leaves the graph instantiated as captured, said.
+creates=$(VASWAP_SIM_COUNT=cuStreamCreateWithPriority VASWAP_CONF="$base,inside.mode=on" \
+  run -- "$demo" --quiet --steps 20 --graph whole 2>&1 >/dev/null |
+  sed -n 's/.*cuStreamCreateWithPriority=\([0-9]*\).*/\1/p')
+[[ "$creates" =~ ^[0-9]+$ && $creates -gt 1 ]] || fail "stream_fails: no count of stream creations ($creates)"
+captured=0
+for n in $(seq 1 "$creates"); do
+  set +e
+  got=$(VASWAP_SIM_FAULTS=cuStreamCreateWithPriority:$n:2 VASWAP_CONF="$base,inside.mode=on" \
+    run -- "$demo" --quiet --steps 20 --graph whole 2>"$tmp/err")
+  rc=$?
+  set -e
+  grep -q "injected fault: cuStreamCreateWithPriority" "$tmp/err" ||
+    fail "stream_fails: creation $n of $creates was not failed"
+  if [[ $rc == 0 ]]; then
+    [[ "$got" == "$want" ]] || fail "stream_fails: creation $n failed: checksum '$got', without vaswap '$want'"
+  else
+    grep -qi "stream.*out of memory\|cuStreamCreate" "$tmp/err" ||
+      fail "stream_fails: creation $n failed: exit $rc without the call named"
+  fi
+  if grep -q "instantiated as captured: cuStreamCreate failed" "$tmp/err"; then
+    captured=$((captured + 1))
+  fi
+done
+[[ $captured == 1 ]] || fail "stream_fails: the rewrite's stream failing was said $captured times, not once"
+echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured"
