@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Per step of a per-layer job's steady state, where the stream waited for vaswap.
+
+Reads traces recorded with trace.launch_times=true (bench/run_overhead_h200.sh with
+EXTRA_CONF=trace.launch_times=true) and prints, per trace, a Markdown row: the parked time of each
+period after the first plan came into force (PERIOD launches each, 16 by default: the per-layer
+PyTorch job's), the graphs' own device time per period (median), and the positions whose median
+parked time from the third period on exceeds 20 us.
+
+Usage: python3 bench/trace_parked_steps.py [--period N] TRACE.jsonl...
+"""
+import argparse
+import json
+import statistics
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--period", type=int, default=16, help="graph launches per step (16)")
+    ap.add_argument("traces", nargs="+")
+    args = ap.parse_args()
+    p = args.period
+    print("| trace | parked ms per step, from the plan's first step | graphs ms per step (median) "
+          "| positions parked > 20 us from the third step (median us) |")
+    print("|---|---|---:|---|")
+    for path in args.traces:
+        with open(path) as f:
+            events = [json.loads(line) for line in f]
+        plans = [e["t_ns"] for e in events if e["ev"] == "plan"]
+        times = [e for e in events if e["ev"] == "launch_time"]
+        if not plans or not times:
+            print(f"| {path} | no plan or no launch_time events | | |")
+            continue
+        after = [e for e in times if e["t_ns"] > plans[0]]
+        steps = [after[i:i + p] for i in range(0, len(after) - p + 1, p)]
+        parked = [sum(e["parked_us"] for e in s) / 1e3 for s in steps]
+        graphs = [sum(e["graph_us"] for e in s) / 1e3 for s in steps]
+        per = [[] for _ in range(p)]
+        for i, e in enumerate(after[2 * p:]):
+            per[i % p].append(e["parked_us"])
+        where = ", ".join(f"{k}: {statistics.median(v):.0f}" for k, v in enumerate(per)
+                          if v and statistics.median(v) > 20)
+        row = " ".join(f"{x:.1f}" for x in parked)
+        med = statistics.median(graphs) if graphs else 0.0
+        print(f"| {path.split('/')[-1]} | {row} | {med:.1f} | {where} |")
+
+
+if __name__ == "__main__":
+    main()
