@@ -3,9 +3,14 @@
 
 Reads traces recorded with trace.launch_times=true (bench/run_overhead_h200.sh with
 EXTRA_CONF=trace.launch_times=true) and prints, per trace, a Markdown row: the parked time of each
-period after the first plan came into force (PERIOD launches each, 16 by default: the per-layer
-PyTorch job's), the graphs' own device time per period (median), and the positions whose median
-parked time from the third period on exceeds 20 us.
+step after the first plan came into force, the graphs' own device time per step (median), and the
+positions whose median parked time from the third step in force on exceeds 20 us.
+
+Launches are ordered by when they were enqueued (`enqueued_ns`; an event's `t_ns` is when it was
+written, at a later launch). Steps are counted from the trace's first launch, PERIOD launches each
+(16 by default: the per-layer PyTorch job's eight forward and eight backward graphs), so the
+program must launch exactly PERIOD graphs per step from its first; a step is "in force" when it
+was enqueued after the first plan event.
 
 Usage: python3 bench/trace_parked_steps.py [--period N] TRACE.jsonl...
 """
@@ -21,7 +26,7 @@ def main():
     args = ap.parse_args()
     p = args.period
     print("| trace | parked ms per step, from the plan's first step | graphs ms per step (median) "
-          "| positions parked > 20 us from the third step (median us) |")
+          "| positions parked > 20 us from the third step in force (median us) |")
     print("|---|---|---:|---|")
     for path in args.traces:
         with open(path) as f:
@@ -31,13 +36,16 @@ def main():
         if not plans or not times:
             print(f"| {path} | no plan or no launch_time events | | |")
             continue
-        after = [e for e in times if e["t_ns"] > plans[0]]
-        steps = [after[i:i + p] for i in range(0, len(after) - p + 1, p)]
+        times.sort(key=lambda e: e["enqueued_ns"])
+        first = next(i for i, e in enumerate(times) if e["enqueued_ns"] > plans[0])
+        first = -(-first // p) * p  # the first whole step enqueued after the plan
+        steps = [times[i:i + p] for i in range(first, len(times) - p + 1, p)]
         parked = [sum(e["parked_us"] for e in s) / 1e3 for s in steps]
         graphs = [sum(e["graph_us"] for e in s) / 1e3 for s in steps]
         per = [[] for _ in range(p)]
-        for i, e in enumerate(after[2 * p:]):
-            per[i % p].append(e["parked_us"])
+        for s in steps[2:]:
+            for k, e in enumerate(s):
+                per[k].append(e["parked_us"])
         where = ", ".join(f"{k}: {statistics.median(v):.0f}" for k, v in enumerate(per)
                           if v and statistics.median(v) > 20)
         row = " ".join(f"{x:.1f}" for x in parked)
