@@ -175,9 +175,13 @@ echo "ok   a map stuck in the driver past the wait limit: exit 70, named"
 # 6. Every stream creation failing in turn (the program's, vaswap's workers', the stream that
 # copies lent slots): each run gives the checksum or stops with the failed call named, never a
 # wrong result. The rewrite's own stream failing leaves the graph instantiated as captured, said.
-creates=$(VASWAP_SIM_COUNT=cuStreamCreateWithPriority VASWAP_CONF="$base,inside.mode=on" \
-  run -- "$demo" --quiet --steps 20 --graph whole 2>&1 >/dev/null |
-  sed -n 's/.*cuStreamCreateWithPriority=\([0-9]*\).*/\1/p')
+set +e
+VASWAP_SIM_COUNT=cuStreamCreateWithPriority VASWAP_CONF="$base,inside.mode=on" \
+  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc == 0 ]] || fail "stream_fails: the run that counts stream creations failed (exit $rc)"
+creates=$(sed -n 's/.*cuStreamCreateWithPriority=\([0-9]*\).*/\1/p' "$tmp/err")
 [[ "$creates" =~ ^[0-9]+$ && $creates -gt 1 ]] || fail "stream_fails: no count of stream creations ($creates)"
 captured=0
 for n in $(seq 1 "$creates"); do
