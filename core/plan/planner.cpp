@@ -177,11 +177,14 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
   const residency::Acquired& a = ticket.acquired;
   if (phase_ == Phase::steady) counters_.on_demand_restores += a.demanded;
   if ((a.waits > 0 || a.map_waited || a.substitute != nullptr) && trace::enabled()) {
+    std::string waited;
+    for (const uint64_t id : a.waited) waited += (waited.empty() ? "" : ",") + std::to_string(id);
     trace::Record(trace::Event::restore_wait)
         .add("call", what)
         .add("reason", reason)
         .add("on_demand", a.demanded > 0)
         .add("slots", static_cast<uint64_t>(a.waits))
+        .add("waited", waited)
         .add("restored", static_cast<uint64_t>(a.demanded))
         .add("bytes", a.demanded_bytes)
         .add("host_wait", a.host_waited)

@@ -1978,6 +1978,9 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         acquired->slots.push_back(e->slot);
       }
       acquired->waits = actions.event_waits.size() + actions.host_waits.size();
+      for (const auto* list : {&actions.event_waits, &actions.host_waits}) {
+        for (const Entry* e : *list) acquired->waited.push_back(e->id);
+      }
       stats_.peak_resident = std::max(stats_.peak_resident, d.committed);
     }
     carry_out(actions, true, stream);
@@ -3650,6 +3653,7 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
     }
     acquired->slots.insert(acquired->slots.end(), part.slots.begin(), part.slots.end());
     acquired->waits += part.waits;
+    acquired->waited.insert(acquired->waited.end(), part.waited.begin(), part.waited.end());
     acquired->demanded += part.demanded;
     acquired->demanded_bytes += part.demanded_bytes;
     acquired->host_waited = acquired->host_waited || part.host_waited;

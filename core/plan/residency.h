@@ -63,9 +63,10 @@ void forget(Slot* slot);
 struct Acquired {
   std::vector<Slot*> slots;
   CUstream stream = nullptr;
-  size_t waits = 0;     // slots whose restore the stream waits for
-  size_t demanded = 0;  // of them, restored for this launch rather than ahead (first maps
-                        // of never-used slots are not counted)
+  size_t waits = 0;              // slots whose restore the stream waits for
+  std::vector<uint64_t> waited;  // their ids
+  size_t demanded = 0;           // of them, restored for this launch rather than ahead (first maps
+                                 // of never-used slots are not counted)
   uint64_t demanded_bytes = 0;
   bool host_waited = false;  // host handshake: this thread had to wait for a restore's
                              // submission (not when every one was started ahead)

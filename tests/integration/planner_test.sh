@@ -63,6 +63,11 @@ offloaded = sum(e["bytes"] for e in ev if e["ev"] == "d2h")
 restored = sum(e["bytes"] for e in ev if e["ev"] == "h2d")
 assert offloaded > 0 and restored > 0, (offloaded, restored)
 waits = [e for e in ev if e["ev"] == "restore_wait"]
+# Each names the slots its stream waited for, as many as it counts, each a slot of the run.
+made = {e["slot"] for e in ev if e["ev"] == "slot_create"}
+for w in waits:
+    ids = [int(s) for s in w["waited"].split(",")] if w["waited"] else []
+    assert len(ids) == w["slots"] and set(ids) <= made, (w, sorted(made))
 # In steady state (from the second step after the plan) every restore was started ahead: the
 # application thread never had to wait for one to be submitted (the host handshake).
 starts = [e["t_ns"] for e in ev if e["ev"] == "graph_launch" and e["t_ns"] > plan["t_ns"]]
@@ -237,6 +242,15 @@ offloads = [e for e in ev if e["ev"] == "plan_offload"]
 assert len(offloads) == 2 * 20 and all(e["slots"] == 2 for e in offloads), len(offloads)
 waits = [e for e in ev if e["ev"] == "restore_wait" and e["restored"] > 0]
 assert len(waits) == 2 * 20 and all(e["reason"] == "rule" and e["restored"] == 2 for e in waits), len(waits)
+# Each names the slots its stream waited for (as many as it counts), two of them slots the rules
+# evicted; over the run, every evicted slot is named.
+evicted = {e["slot"] for e in ev if e["ev"] == "evict"}
+named = set()
+for w in waits:
+    ids = [int(s) for s in w["waited"].split(",")]
+    assert len(ids) == w["slots"] and len(set(ids) & evicted) == 2, (w, sorted(evicted))
+    named |= set(ids) & evicted
+assert named == evicted, (sorted(named), sorted(evicted))
 '
 # 7. The exit summary: on the log at info level (log.level: info), never at the default level.
 grep -q "summary: 32 slots selected; 4 offloaded (0 plans); 80 MiB offloaded, 80 MiB restored;" "$tmp/err" ||
