@@ -19,6 +19,20 @@ import json
 import statistics
 
 
+def steps_in_force(events, period):
+    """The whole steps enqueued after the first plan: lists of PERIOD launch_time events each,
+    counted from the trace's first launch, in the order they were enqueued. None when the trace
+    has no plan or no launch_time events."""
+    plans = [e["t_ns"] for e in events if e["ev"] == "plan"]
+    times = sorted((e for e in events if e["ev"] == "launch_time"),
+                   key=lambda e: e["enqueued_ns"])
+    if not plans or not times:
+        return None
+    first = next((i for i, e in enumerate(times) if e["enqueued_ns"] > plans[0]), len(times))
+    first = -(-first // period) * period  # the first whole step enqueued after the plan
+    return [times[i:i + period] for i in range(first, len(times) - period + 1, period)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--period", type=int, default=16, help="graph launches per step (16)")
@@ -31,15 +45,10 @@ def main():
     for path in args.traces:
         with open(path) as f:
             events = [json.loads(line) for line in f]
-        plans = [e["t_ns"] for e in events if e["ev"] == "plan"]
-        times = [e for e in events if e["ev"] == "launch_time"]
-        if not plans or not times:
+        steps = steps_in_force(events, p)
+        if steps is None:
             print(f"| {path} | no plan or no launch_time events | | |")
             continue
-        times.sort(key=lambda e: e["enqueued_ns"])
-        first = next(i for i, e in enumerate(times) if e["enqueued_ns"] > plans[0])
-        first = -(-first // p) * p  # the first whole step enqueued after the plan
-        steps = [times[i:i + p] for i in range(first, len(times) - p + 1, p)]
         parked = [sum(e["parked_us"] for e in s) / 1e3 for s in steps]
         graphs = [sum(e["graph_us"] for e in s) / 1e3 for s in steps]
         per = [[] for _ in range(p)]

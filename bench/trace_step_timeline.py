@@ -3,7 +3,7 @@
 
 Reads a trace recorded with trace.launch_times=true and prints, for step STEP after the first
 plan came into force (counted as bench/trace_parked_steps.py counts them: PERIOD launches each,
-from the trace's first launch), every graph launch (its position, parked and graph device time)
+from the trace's first launch; trace_parked_steps.steps_in_force), every graph launch (its position, parked and graph device time)
 and every residency event around it (evict, d2h, release, fetch, remap, h2d, plan_offload,
 plan_restore, restore_wait), in microseconds on the host clock from the step's first launch.
 A d2h's or h2d's time is its copy's start (its end minus dur_us); a remap's and a release's are
@@ -15,6 +15,8 @@ Usage: python3 bench/trace_step_timeline.py [--period N] [--step S] TRACE.jsonl
 """
 import argparse
 import json
+
+from trace_parked_steps import steps_in_force
 
 KINDS = ("evict", "d2h", "release", "fetch", "remap", "h2d", "plan_offload", "plan_restore",
          "restore_wait")
@@ -30,17 +32,15 @@ def main():
     p = args.period
     with open(args.trace) as f:
         events = [json.loads(line) for line in f]
-    plans = [e["t_ns"] for e in events if e["ev"] == "plan"]
-    times = sorted((e for e in events if e["ev"] == "launch_time"), key=lambda e: e["enqueued_ns"])
-    if not plans or not times:
+    steps = steps_in_force(events, p)
+    if steps is None:
         raise SystemExit(f"{args.trace}: no plan or no launch_time events")
-    first = next(i for i, e in enumerate(times) if e["enqueued_ns"] > plans[0])
-    first = -(-first // p) * p + p * args.step
-    step = times[first:first + p]
-    if len(step) < p:
+    if args.step >= len(steps):
         raise SystemExit(f"{args.trace}: no step {args.step} after the plan")
+    step = steps[args.step]
     t0 = step[0]["enqueued_ns"]
-    after = times[first + p]["enqueued_ns"] if len(times) > first + p else step[-1]["enqueued_ns"]
+    after = (steps[args.step + 1][0]["enqueued_ns"] if args.step + 1 < len(steps)
+             else step[-1]["enqueued_ns"])
     rows = [(e["enqueued_ns"], f"LAUNCH position {k}: parked {e['parked_us']:.0f} us, "
              f"graph {e['graph_us']:.0f} us") for k, e in enumerate(step)]
     for e in events:
