@@ -2,9 +2,9 @@
 """One steady-state step of a per-layer job, as a timeline of its launches and residency's moves.
 
 Reads a trace recorded with trace.launch_times=true and prints, for step STEP after the first
-plan came into force (counted as bench/trace_parked_steps.py counts them: PERIOD launches each,
-from the trace's first launch; trace_parked_steps.steps_in_force), every graph launch (its position, parked and graph device time)
-and every residency event around it (evict, d2h, release, fetch, remap, h2d, plan_offload,
+plan came into force (trace_parked_steps.steps_in_force counts them: PERIOD launches each, from
+the trace's first launch), every graph launch (its position, parked and graph device time) and
+every residency event around it (evict, d2h, release, fetch, remap, h2d, plan_offload,
 plan_restore, restore_wait), in microseconds on the host clock from the step's first launch.
 A d2h's or h2d's time is its copy's start (its end minus dur_us); a remap's and a release's are
 when the call was made; a launch's is when it was enqueued. Reading the parks of one position
