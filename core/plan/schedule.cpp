@@ -443,11 +443,35 @@ Selection select(const Period& period, const Model& model, const Knobs& knobs, u
   return s;
 }
 
+uint64_t pages_used(const Period& period) {
+  std::vector<bool> used(period.region_bytes.size(), false);
+  for (const std::vector<int>& at : period.uses) {
+    for (int region : at) used[static_cast<size_t>(region)] = true;
+  }
+  uint64_t pages = 0;
+  for (size_t r = 0; r < used.size(); ++r) {
+    if (used[r])
+      pages += period.region_pages.empty() ? period.region_bytes[r] : period.region_pages[r];
+  }
+  return pages;
+}
+
 }  // namespace
+
+bool fits(const Period& period, const Knobs& knobs) {
+  return knobs.budget_pages == 0 ||
+         pages_used(period) <= std::max(knobs.budget_pages, knobs.limit_pages);
+}
 
 Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   Plan plan;
   const int n = static_cast<int>(period.start_us.size());
+  plan.total_pages = pages_used(period);
+  plan.resident_peak = plan.total_pages;
+  if (n > 0 && fits(period, knobs)) {
+    plan.reason = "the period's slots fit the budget: nothing has to leave";
+    return plan;
+  }
   if (n == 0 || period.length_us <= 0 || model.h2d_gbps <= 0 || model.d2h_gbps <= 0) {
     plan.reason = "no period or no model";
     return plan;
@@ -460,18 +484,6 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
       auto& list = uses[static_cast<size_t>(region)];
       if (list.empty() || list.back() != i) list.push_back(i);
     }
-  }
-  auto pages_of = [&](size_t r) {
-    return period.region_pages.empty() ? period.region_bytes[r] : period.region_pages[r];
-  };
-  for (size_t r = 0; r < uses.size(); ++r) {
-    if (!uses[r].empty()) plan.total_pages += pages_of(r);
-  }
-  plan.resident_peak = plan.total_pages;
-  if (knobs.budget_pages == 0 ||
-      plan.total_pages <= std::max(knobs.budget_pages, knobs.limit_pages)) {
-    plan.reason = "the period's slots fit the budget: nothing has to leave";
-    return plan;
   }
   const Chooser first(period, model, knobs, plan.total_pages);
   std::vector<Candidate> candidates;

@@ -83,6 +83,10 @@ struct Plan {
   std::string reason;           // why nothing was taken, or why the budget is not met
 };
 
+// Whether every page the period uses fits the budget, so that nothing has to leave: the plan then
+// takes no window whatever the model, and the copy test need not run.
+bool fits(const Period& period, const Knobs& knobs);
+
 Plan choose(const Period& period, const Model& model, const Knobs& knobs);
 
 // The smallest period P such that the last `repeats` periods were the same, and one key more has

@@ -20,7 +20,7 @@
 #      into or out of the other's slot finds access (a GPU refuses it otherwise), to the checksum
 #      of one unconstrained device; the same with peer access enabled and kernels that read the
 #      other device's buffers (--peer-kernels). And where each device's slots fit its own budget (though not
-#      all of them one device's), one plan per device offloads nothing.
+#      all of them one device's), one plan per device offloads nothing, and no copy test runs.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -210,6 +210,7 @@ for p in plans:
     assert p["total_pages"] <= p["budget"] and p["windows"] == 0, p
 assert sum(p["total_pages"] for p in plans) > max(p["budget"] for p in plans), plans
 assert s["evictions"] == 0 and s["bytes_offloaded"] == 0, s
+assert not [e for e in ev if e["ev"] == "model"], "a copy test ran though each device\x27s slots fit"
 print("     per device: %s MiB of slot pages, budgets %s MiB; nothing offloaded" % (
     [p["total_pages"] >> 20 for p in plans], [p["budget"] >> 20 for p in plans]))
 '

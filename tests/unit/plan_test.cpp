@@ -70,6 +70,25 @@ TEST(Choose, TakesNothingWhenTheSlotsFitTheBudget) {
   EXPECT_NE(fits.reason.find("fit the budget"), std::string::npos) << fits.reason;
 }
 
+TEST(Choose, NeedsNoModelWhenTheSlotsFitTheBudget) {
+  // The planner runs no copy test where the slots fit: a zero model still gives the fitting plan,
+  // and a budget one page short needs the model.
+  EXPECT_TRUE(fits(forward_backward(10000), Knobs{}));
+  EXPECT_TRUE(fits(forward_backward(10000), budget(256 * kMiB)));
+  EXPECT_FALSE(fits(forward_backward(10000), budget(256 * kMiB - kMiB)));
+  const Plan fitting = choose(forward_backward(10000), Model{}, budget(256 * kMiB));
+  EXPECT_TRUE(fitting.windows.empty());
+  EXPECT_EQ(fitting.total_pages, 256 * kMiB);
+  EXPECT_NE(fitting.reason.find("fit the budget"), std::string::npos) << fitting.reason;
+  const Plan short_one = choose(forward_backward(10000), Model{}, budget(256 * kMiB - kMiB));
+  EXPECT_TRUE(short_one.windows.empty());
+  EXPECT_EQ(short_one.reason, "no period or no model");
+  // A region the period never uses counts for nothing.
+  Period unused = forward_backward(10000);
+  unused.region_bytes.push_back(512 * kMiB);
+  EXPECT_TRUE(fits(unused, budget(256 * kMiB)));
+}
+
 TEST(Choose, TakesTheWindowsTheBudgetNeedsLongestFirst) {
   // 256 MiB of regions, 128 MiB of budget: two regions must be away at every position. Regions 0
   // and 1 have the long windows (between forward and backward), and the link hides them.
