@@ -315,6 +315,17 @@ class Chooser {
 
   const std::vector<Candidate>& taken() const { return taken_; }
 
+  // Takes the i-th window back: the links keep only the others' copies.
+  void drop(size_t i) {
+    taken_.erase(taken_.begin() + static_cast<std::ptrdiff_t>(i));
+    d2h_ = Link(p_.length_us);
+    h2d_ = Link(p_.length_us);
+    for (const Candidate& c : taken_) {
+      d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
+      if (c.h2d_booked) h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
+    }
+  }
+
  private:
   const Period& p_;
   const Model& model_;
@@ -363,6 +374,44 @@ struct Selection {
     return moved_bytes < other.moved_bytes;
   }
 };
+
+// Windows are taken one by one while a position they keep away is over the budget, so one taken
+// early may be needed no longer once later ones cover its positions: it only moves bytes. Each
+// window whose positions all stay within the budget without it, and without which the set shows
+// no more, is taken back; the one that moves most first, then the one that frees least.
+void prune(Selection& s) {
+  const int n = static_cast<int>(s.over.size());
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    const std::vector<Candidate>& taken = s.chooser.taken();
+    std::vector<size_t> order(taken.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&taken](size_t a, size_t b) {
+      return taken[a].bytes != taken[b].bytes ? taken[a].bytes > taken[b].bytes
+                                              : taken[a].benefit < taken[b].benefit;
+    });
+    for (size_t i : order) {
+      const Candidate& c = taken[i];
+      const std::vector<int> away = away_positions(c.window, n);
+      const bool needed = std::any_of(away.begin(), away.end(), [&](int q) {
+        return s.over[static_cast<size_t>(q)] + static_cast<int64_t>(c.pages) > 0;
+      });
+      if (needed) continue;
+      std::vector<const Candidate*> rest;
+      for (size_t k = 0; k < taken.size(); ++k) {
+        if (k != i) rest.push_back(&taken[k]);
+      }
+      Replay replayed = s.chooser.replay(rest);
+      if (replayed.exposed_us > s.replayed.exposed_us + kShowsNothingUs) continue;
+      for (int q : away) s.over[static_cast<size_t>(q)] += static_cast<int64_t>(c.pages);
+      s.moved_bytes -= c.bytes;
+      s.replayed = std::move(replayed);
+      s.chooser.drop(i);
+      dropped = true;
+      break;  // `taken` changed: order again
+    }
+  }
+}
 
 Selection select(const Period& period, const Model& model, const Knobs& knobs, uint64_t total_pages,
                  const std::vector<Candidate>& sorted, Way way) {
@@ -422,6 +471,7 @@ Selection select(const Period& period, const Model& model, const Knobs& knobs, u
       used[pick_index] = true;
       take(*pick, pick_replayed);
     }
+    prune(s);
     return s;
   }
   std::vector<size_t> deferred;
@@ -440,6 +490,7 @@ Selection select(const Period& period, const Model& model, const Knobs& knobs, u
     std::optional<Candidate> c = placed(sorted[i]);
     if (c) take(*c, shown_with(*c));
   }
+  prune(s);
   return s;
 }
 

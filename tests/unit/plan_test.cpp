@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -274,6 +275,73 @@ TEST(Choose, UnusedRegionsAreNeverOffloaded) {
   const Plan plan = choose(p, link(50, 100), budget(4 * kMiB));
   for (const Window& w : plan.windows) EXPECT_EQ(w.region, 0);
   EXPECT_EQ(plan.total_pages, 8 * kMiB);
+}
+
+// Windows are taken one at a time while a position they keep away is over the budget, so an early
+// one can be left with nothing to do once later ones cover its positions. Over many periods of
+// layered shapes (each region used once forward and once backward, or only once; positions of
+// uneven length; budgets from a third to nine tenths of the pages), no window of a plan that meets
+// the budget may be one whose every position would stay within the budget without it: it would
+// only move bytes. Before prune() 57 of the 166 such plans here had one, 87 windows in all (of 680;
+// 615 with them taken back).
+TEST(Choose, NoPlanKeepsAWindowTheBudgetDoesNotNeed) {
+  std::mt19937 random(20261204);
+  int met = 0, windows = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int n = std::uniform_int_distribution<int>(6, 16)(random);
+    const int regions = std::uniform_int_distribution<int>(2, 12)(random);
+    Period p;
+    double t = 0;
+    for (int i = 0; i < n; ++i) {
+      p.start_us.push_back(t);
+      t += std::uniform_real_distribution<double>(500, 12000)(random);
+      p.end_us.push_back(t);
+    }
+    p.length_us = t;
+    p.uses.assign(static_cast<size_t>(n), {});
+    uint64_t total = 0;
+    for (int r = 0; r < regions; ++r) {
+      const uint64_t bytes = 2 * kMiB * std::uniform_int_distribution<uint64_t>(1, 64)(random);
+      p.region_bytes.push_back(bytes);
+      total += bytes;
+      const int forward = std::uniform_int_distribution<int>(0, n / 2 - 1)(random);
+      p.uses[static_cast<size_t>(forward)].push_back(r);
+      if (std::bernoulli_distribution(0.8)(random)) {
+        p.uses[static_cast<size_t>(n - 1 - forward)].push_back(r);
+      }
+    }
+    const double share = std::uniform_real_distribution<double>(0.33, 0.9)(random);
+    const uint64_t budget_pages = static_cast<uint64_t>(static_cast<double>(total) * share);
+    const Plan plan = choose(p, link(50, 300), budget(budget_pages));
+    if (plan.short_pages > 0 || plan.windows.empty()) continue;
+    ++met;
+    // Pages resident at each position with the plan's windows away.
+    std::vector<int64_t> resident(static_cast<size_t>(n), static_cast<int64_t>(plan.total_pages));
+    auto away = [n](const Window& w) {
+      std::vector<int> at;
+      for (int q = w.release_at; q != w.restore_at; q = (q + 1) % n) at.push_back(q);
+      return at;
+    };
+    for (const Window& w : plan.windows) {
+      for (int q : away(w))
+        resident[static_cast<size_t>(q)] -=
+            static_cast<int64_t>(p.region_bytes[static_cast<size_t>(w.region)]);
+    }
+    for (int q = 0; q < n; ++q)
+      ASSERT_LE(resident[static_cast<size_t>(q)], static_cast<int64_t>(budget_pages));
+    for (const Window& w : plan.windows) {
+      ++windows;
+      const int64_t pages = static_cast<int64_t>(p.region_bytes[static_cast<size_t>(w.region)]);
+      const std::vector<int> at = away(w);
+      const bool needed = std::any_of(at.begin(), at.end(), [&](int q) {
+        return resident[static_cast<size_t>(q)] + pages > static_cast<int64_t>(budget_pages);
+      });
+      EXPECT_TRUE(needed) << "trial " << trial << ": region " << w.region << " away "
+                          << w.release_at << ".." << w.restore_at << " is not needed";
+    }
+  }
+  EXPECT_GT(met, 150);  // the shapes must give plans to check
+  EXPECT_GT(windows, 500);
 }
 
 }  // namespace
