@@ -23,7 +23,7 @@ constexpr int kFormatVersion = 1;
   X(remap_queued) X(remap) X(h2d) X(adopt) X(remap_discard) X(host_alloc) X(error) X(notice)      \
   X(alloc) X(free) X(capture_begin) X(capture_end) X(capture_mode) X(graph_instantiate)           \
   X(graph_update) X(graph_launch) X(graph_destroy) X(mem_info) X(device_reset) X(graph_scan) X(eager)             \
-  X(learn) X(model) X(plan) X(plan_window) X(plan_offload) X(plan_restore) X(restore_wait)         \
+  X(learn) X(model) X(plan_input) X(plan) X(plan_window) X(plan_offload) X(plan_restore) X(restore_wait)         \
   X(guard_hit) X(deviation) X(mem_sample) X(summary) X(residency) X(evict) X(fetch) X(oom)     \
   X(reclaim) X(signal) X(graph_rewrite) X(inside_launch) X(inside_demand) X(launch_time) \
   X(thread_stack)

@@ -10,8 +10,11 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <unordered_map>
+
+#include <fmt/format.h>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -287,6 +290,53 @@ plan::Model Planner::model_for(int device) {
   return measured_[device] = copy_test(device, given);
 }
 
+namespace {
+
+template <class T, class F>
+std::string joined(const std::vector<T>& items, F&& text, const char* separator = ",") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += separator;
+    out += text(items[i]);
+  }
+  return out;
+}
+
+// What one device's schedule was chosen from, so that a run's plan can be chosen again offline
+// (bench/plan_replay): the period's times, each region's slot, bytes, pages and uses, the knobs.
+// Figures in full precision ("{}": the shortest that reads back exactly), so that the same choice
+// is made again.
+void trace_plan_input(int device, const plan::Period& sub, const plan::Model& model,
+                      const plan::Knobs& knobs, const std::vector<Slot*>& regions,
+                      const std::vector<int>& global) {
+  const auto us = [](double t) { return fmt::format("{}", t); };
+  const auto number = [](uint64_t v) { return std::to_string(v); };
+  trace::Record(trace::Event::plan_input)
+      .add("device", device)
+      .add("period_us", us(sub.length_us))
+      .add("model", fmt::format("{},{},{}", model.h2d_gbps, model.d2h_gbps, model.remap_us))
+      .add("start_us", joined(sub.start_us, us))
+      .add("end_us", joined(sub.end_us, us))
+      .add("slots",
+           joined(global,
+                  [&](int r) { return std::to_string(regions[static_cast<size_t>(r)]->id); }))
+      .add("region_bytes", joined(sub.region_bytes, number))
+      .add("region_pages", joined(sub.region_pages, number))
+      .add("uses", joined(
+                       sub.uses,
+                       [](const std::vector<int>& at) {
+                         return joined(at, [](int r) { return std::to_string(r); });
+                       },
+                       ";"))
+      .add("budget", knobs.budget_pages)
+      .add("limit", knobs.limit_pages)
+      .add("prefetch_distance", knobs.prefetch_distance)
+      .add("release_lag", knobs.release_lag)
+      .emit();
+}
+
+}  // namespace
+
 // On the planning worker.
 void Planner::plan(Learned& learned, uint64_t generation) {
   const size_t period = learned.window.size() - 1;
@@ -359,6 +409,7 @@ void Planner::plan(Learned& learned, uint64_t generation) {
       }
     }
     part.plan = plan::choose(sub, model, knobs);
+    if (trace::enabled()) trace_plan_input(device, sub, model, knobs, learned.regions, global);
     for (plan::Window w : part.plan.windows) {
       w.region = global[static_cast<size_t>(w.region)];
       windows.push_back(w);

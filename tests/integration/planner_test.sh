@@ -2,8 +2,8 @@
 # The planner over the simulator (issue 6): the layered demo (examples/train_layers: a forward and
 # a backward graph per layer, eager input copies between layers, eager gradient accumulation) run
 # under vaswap with no change, its checksum compared with a plain run of the same options.
-#   1. 50 steps, the link given as 50 GB/s: a plan with windows is made and carried out; the
-#      checksum is identical; cuMemGetInfo (sampled by vaswap every 100 us) shows device memory
+#   1. 50 steps, the link given as 50 GB/s: a plan with windows is made and carried out (and
+#      bench/plan_replay chooses it again from the trace); the checksum is identical; cuMemGetInfo (sampled by vaswap every 100 us) shows device memory
 #      given back in the steps, at least half the plan's peak; nothing was restored on demand.
 #   2. The same with a link so slow that no window can hide a copy: the plan takes nothing.
 #   3. An eager kernel reads an offloaded activation in step 30 (--peek-step): the guard restores
@@ -150,6 +150,20 @@ timed = sum(1 for line in open(sys.argv[2]) if '"ev":"launch_time"' in line)
 assert set(rows) == {"before a plan", "plan in force"} and sum(rows.values()) == timed, (rows, timed)
 print(f"     vaswap report: {rows['before a plan']} launches before the plan, {rows['plan in force']} with it")
 PY
+
+# 1b. The trace holds the whole of the choice: bench/plan_replay chooses the plan again from its
+#     plan_input event and finds the run's windows; with a budget changed in the input it finds
+#     other windows and says so.
+"$build/bin/plan_replay" "$tmp/steady.jsonl" --check >"$tmp/replay" ||
+  { cat "$tmp/replay"; fail "plan_replay: the plan chosen again from the trace differs from the run's"; }
+grep -q "same [1-9][0-9]* windows" "$tmp/replay" || { cat "$tmp/replay"; fail "plan_replay: no windows compared"; }
+sed 's/"budget":\([0-9]*\),"limit"/"budget":20971520,"limit"/' "$tmp/steady.jsonl" >"$tmp/halved.jsonl"
+if "$build/bin/plan_replay" "$tmp/halved.jsonl" --check >"$tmp/replay2"; then
+  cat "$tmp/replay2"
+  fail "plan_replay: a 20 MiB budget in the input chose the run's 40 MiB plan"
+fi
+grep -q "now only:" "$tmp/replay2" || fail "plan_replay: the difference is not shown"
+echo "ok   plan_replay: the run's plan chosen again from its trace; a changed budget changes it"
 
 # 2. The default budget (auto: what the 16 GiB simulated device has) fits every slot: the plan
 #    takes no window and nothing moves, whatever the link.
