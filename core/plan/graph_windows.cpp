@@ -197,6 +197,28 @@ Choice choose(const std::vector<Candidate>& candidates, size_t positions,
       if (best == gaps.size()) break;  // at or under the target, or as low as windows go
       chosen[best] = true;
     }
+    // A window taken early can be left with nothing to do once later ones cover its positions:
+    // it would only move its bytes each way every launch. Each whose positions all stay within
+    // the target without it is taken back, the one that moves most first.
+    std::vector<size_t> order;
+    for (size_t i = 0; i < gaps.size(); ++i) {
+      if (chosen[i]) order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return candidates[gaps[a].window.candidate].bytes >
+             candidates[gaps[b].window.candidate].bytes;
+    });
+    std::vector<uint64_t> now = held(candidates, gaps, chosen, positions);
+    for (size_t i : order) {
+      const uint64_t bytes = candidates[gaps[i].window.candidate].bytes;
+      bool needed = false;
+      for (size_t k = first[i]; k < first[i + 1] && !needed; ++k) {
+        needed = now[positions_of[k]] + bytes > settings.target;
+      }
+      if (needed) continue;
+      chosen[i] = false;
+      for (size_t k = first[i]; k < first[i + 1]; ++k) now[positions_of[k]] += bytes;
+    }
   }
   const std::vector<uint64_t> now = held(candidates, gaps, chosen, positions);
   choice.peak_bytes = *std::max_element(now.begin(), now.end());
