@@ -98,11 +98,20 @@ class Inside {
     wait_limit_ns_.store(s.wait_limit_ns, std::memory_order_relaxed);
   }
   bool enabled() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // The automatic mode rewrites only under a budget size: without one, instantiations are
-    // not scanned a second time for it.
-    return settings_.mode == Mode::on ||
-           (settings_.mode == Mode::automatic && settings_.budget_bytes > 0);
+    Settings s;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      s = settings_;
+    }
+    if (s.mode == Mode::on) return true;
+    if (s.mode != Mode::automatic) return false;
+    if (s.budget_bytes > 0) return true;
+    // The auto budget: an instantiation is scanned a second time only while the slots' pages
+    // (of every device) exceed what the current device has for them; a job that fits pays
+    // nothing. prepare() then weighs the graph's own slots.
+    CUdevice device = 0;
+    if (engine().driver().cuCtxGetDevice(&device) != CUDA_SUCCESS) return false;
+    return engine().slot_bytes() > residency::budget(static_cast<int>(device)).limit;
   }
 
   CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
@@ -250,22 +259,36 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   uint64_t allowed = 0;  // what the lent slots may hold at once (0: what the schedule needs)
   uint64_t kept = 0;     // of the budget, what the rest of the program needs beside them
   residency::Others rest;
+  uint64_t budget = s.budget_bytes;  // what the slots may hold at once
   if (s.mode == Mode::automatic) {
     uint64_t total = others;
     for (const windows::Candidate& c : candidates) total += c.bytes;
-    if (s.budget_bytes == 0 || total <= s.budget_bytes) return nullptr;  // no pressure known
+    // Under the auto budget: what the device has for slots now. A graph whose slots do not fit
+    // it could not be launched as captured (the launch would be refused for want of memory);
+    // the windows aim at the budget's target, the reserve below it.
+    if (budget == 0) budget = residency::budget(device).target;
+    if (budget == 0 || total <= budget) return nullptr;  // it fits
     // Residency counts the reserve as held from the first launch on, between launches too: it
     // leaves the rest of the program the reserves of graphs rewritten before and room for the
     // largest launch seen so far (torch.compile's eager work between its graphs, which a reserve
     // of the whole budget left without any: bench/results/torch_compile_budget_h200.md).
     rest = residency::others(device);
     kept = others + rest.lent + rest.largest_launch;
-    allowed = s.budget_bytes > kept ? s.budget_bytes - kept : 1;
+    allowed = budget > kept ? budget - kept : 1;
     ws.target = allowed;
   }
   windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
   if (choice.windows.empty()) {
     *why = "no gap between its slots' uses is long enough (inside.lead, inside.min_gap)";
+    return nullptr;
+  }
+  if (s.mode == Mode::automatic && s.budget_bytes == 0 && choice.peak_bytes > allowed) {
+    // Under the auto budget the room is the device's own: windows that cannot bring the graph
+    // within it would leave a launch waiting for pages that never come, and the process would
+    // end (invariant 12). As captured, the launch is refused with a named error instead.
+    *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) +
+           " at once, more than the device has for them beside the rest of the program (" +
+           byte_size(allowed) + ")";
     return nullptr;
   }
 
@@ -410,7 +433,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
         "has to hold its other slots ({}), the reserves of graphs rewritten before ({}) and the "
         "largest launch so far ({}). Launches may be refused for want of memory; a budget of at "
         "least {} leaves that room",
-        hex(reinterpret_cast<uintptr_t>(graph)), byte_size(s.budget_bytes),
+        hex(reinterpret_cast<uintptr_t>(graph)),
+        s.budget_bytes > 0 ? byte_size(budget) : "auto: " + byte_size(budget) + " now",
         byte_size(choice.peak_bytes), byte_size(others), byte_size(rest.lent),
         byte_size(rest.largest_launch), byte_size(choice.peak_bytes + kept));
   }

@@ -37,13 +37,16 @@ enum class Mode { off, automatic, on };
 struct Settings {
   Mode mode = Mode::automatic;
   size_t lead = 8, min_gap = 4, lag = 0;
-  uint64_t budget_bytes = 0;  // residency.budget; 0: auto (the automatic mode then rewrites none)
+  // residency.budget; 0: auto (the automatic mode then rewrites a graph whose slots do not fit
+  // what the device has for slots when it is instantiated).
+  uint64_t budget_bytes = 0;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
 };
 
 void configure(const Settings& settings);
-// Whether an instantiation may be rewritten at all (inside.mode on, or automatic under a
-// residency.budget size): the graph is scanned for it only then.
+// Whether an instantiation may be rewritten at all: inside.mode on; automatic under a
+// residency.budget size; automatic under the auto budget while the slots' pages exceed what the
+// current device has for them. The graph is scanned for it only then.
 bool enabled();
 
 // At the instantiation of `graph`, which uses `slots` (its scan, with nodes: `scan.order`):

@@ -250,6 +250,8 @@ class Engine {
   // (and, with `has_size`, whether one of exactly `size` bytes is there), and releasing them down
   // to `keep` bytes.
   uint64_t spare_bytes(int ordinal, size_t size = 0, bool* has_size = nullptr);
+  // The bytes of every live slot's pages, mapped or not (all devices).
+  uint64_t slot_bytes() const { return bytes_reserved_.load(std::memory_order_relaxed); }
   uint64_t trim_spares(int ordinal, uint64_t keep);
   vaswap_stats stats();
   // Device memory as the driver reports it (cuMemGetInfo), read after every map and unmap of a

@@ -21,6 +21,8 @@
 #      of one unconstrained device; the same with peer access enabled and kernels that read the
 #      other device's buffers (--peer-kernels). And where each device's slots fit its own budget (though not
 #      all of them one device's), one plan per device offloads nothing, and no copy test runs.
+#   6. One graph per step on a device too small for it, the default budget: rewritten at its
+#      instantiation, the checksum unchanged; one its windows cannot fit: refused by name.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -215,4 +217,40 @@ print("     per device: %s MiB of slot pages, budgets %s MiB; nothing offloaded"
     [p["total_pages"] >> 20 for p in plans], [p["budget"] >> 20 for p in plans]))
 '
 echo "ok   two devices whose slots each fit their own budget: a plan per device, nothing offloaded"
+# 6. One graph per step (--graph whole: every layer's forward and backward in one launch) on a
+#    device too small for it, with the default (auto) budget and nothing else set: without vaswap
+#    out of memory; under vaswap the graph is rewritten when it is instantiated (its slots leave
+#    it between their uses within each launch, docs/PLANNER.md "Inside one graph"), the device
+#    never holds more than it has, and the checksum is the unconstrained one. Before, the launch
+#    was refused: a rewrite needed a residency.budget size.
+wantw=$("$demo" --quiet --steps 18 --layers 4 --graph whole)
+if VASWAP_SIM_DEVICE_MEMORY=56MiB "$demo" --quiet --steps 18 --layers 4 --graph whole >/dev/null 2>&1; then
+  fail "the whole-step demo fits a 56 MiB device without vaswap: the test proves nothing"
+fi
+got=$(VASWAP_SIM_DEVICE_MEMORY=56MiB VASWAP_CONF="$base,log.level=info" \
+  run --trace "$tmp/whole_auto.jsonl" -- "$demo" --quiet --steps 18 --layers 4 --graph whole \
+  2>"$tmp/err") || fail "whole_auto: the demo failed under vaswap"
+[[ "$got" == "$wantw" ]] || fail "whole_auto: checksum '$got', unconstrained '$wantw'"
+summary whole_auto '
+rewrites = [e for e in ev if e["ev"] == "graph_rewrite"]
+assert len(rewrites) == 1 and rewrites[0]["held_peak"] < rewrites[0]["held_without"], rewrites
+assert s["inside_graphs"] == 1 and s["inside_releases"] > 0 and s["inside_failures"] == 0, s
+assert s["peak_used"] <= 56 * MiB < s["peak_without_releases"], s
+assert s["oom_launches"] == 0 and s["errors"] == 0, s
+r = rewrites[0]
+print("     rewritten: %d windows; its slots hold %d of %d MiB at once; device peak %d MiB" % (
+    r["windows"], r["held_peak"] >> 20, r["held_without"] >> 20, s["peak_used"] >> 20))
+'
+echo "ok   one graph per step on a device too small for it, auto budget: rewritten, the checksum of an unconstrained run"
+# Where even its windows cannot bring the graph within the device (4 MiB buffers, 122 MiB), it is
+# instantiated as captured and its launch refused with a named error, as before: a rewrite
+# would leave its launch waiting for pages that never come, and the process would be ended.
+if VASWAP_SIM_DEVICE_MEMORY=122MiB VASWAP_CONF="$base" run -- "$demo" --quiet --steps 11 --layers 5 \
+  --elems 1048576 --graph whole >/dev/null 2>"$tmp/err"; then
+  fail "whole_short: the demo ran on a 122 MiB device"
+fi
+grep -q "is instantiated as captured: with its windows its slots still hold 40 MiB at once" "$tmp/err" ||
+  fail "whole_short: no word of why the graph was not rewritten"
+grep -q "needs 80 MiB of slots on device 0 at once" "$tmp/err" || fail "whole_short: not the named refusal"
+echo "ok   one graph per step that its windows cannot fit: instantiated as captured, its launch refused by name"
 echo "capacity: all checks passed"
