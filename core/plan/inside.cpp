@@ -161,6 +161,9 @@ class Inside {
   // `before`: releases after the last use at an earlier position only (a later one may depend
   // on the restore that waits).
   static bool release_pending_locked(const Rewritten& g, size_t before);
+  // The position of the earliest restore of g's launch in progress not taken yet, over every lent
+  // slot (SIZE_MAX: none).
+  static size_t first_restore_locked(const Rewritten& g);
   // Lends g's slots (residency.h): false while one is neither resident nor unused.
   bool lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   void free_locked(Rewritten& g);
@@ -733,6 +736,14 @@ bool Inside::advance_locked(Rewritten& g) {
       while (lent.next < lent.steps.size()) {
         const Step step = lent.steps[lent.next];
         if (pass == 0 && !step.release) break;
+        // Restores are mapped in the order of their positions, as the schedule counted them.
+        // The graph is a DAG: a trigger for a later use may be written before an earlier one, and
+        // mapping it first would take the room the earlier restore counts on, while the
+        // releases that would give room back come after that earlier use. On a simulated
+        // device with no pages beyond the budget, the graph then waited for a map that never
+        // came. The earlier trigger never depends on the later restore (its node precedes it in
+        // the graph's order), so waiting for it cannot block.
+        if (!step.release && step.position > first_restore_locked(g)) break;
         uint32_t* flag = g.flag(step.window, step.release ? kReleased : kTrigger);
         if (load(flag) == 0) break;
         store(flag, 0);  // taken: the next launch writes it again
@@ -855,6 +866,20 @@ bool Inside::release_pending_locked(const Rewritten& g, size_t before) {
     }
   }
   return false;
+}
+
+size_t Inside::first_restore_locked(const Rewritten& g) {
+  size_t first = SIZE_MAX;
+  for (const Lent& lent : g.slots) {
+    if (lent.gone) continue;
+    for (size_t k = lent.next; k < lent.steps.size(); ++k) {
+      if (!lent.steps[k].release) {
+        first = std::min(first, lent.steps[k].position);
+        break;
+      }
+    }
+  }
+  return first;
 }
 
 void Inside::note_held_locked() {

@@ -242,6 +242,16 @@ print("     rewritten: %d windows; its slots hold %d of %d MiB at once; device p
     r["windows"], r["held_peak"] >> 20, r["held_without"] >> 20, s["peak_used"] >> 20))
 '
 echo "ok   one graph per step on a device too small for it, auto budget: rewritten, the checksum of an unconstrained run"
+# The same with one of vaswap's unmaps held 150 ms (a slow driver call, a loaded machine): the
+# graph runs ahead meanwhile and writes the triggers of several restores before the executor
+# takes any. It maps them in the order of their uses, as the schedule counted the room; taken
+# in slot order, a later restore took the room of an earlier one, which then never got pages
+# on this device, and the process was ended (3 of 4 runs before the fix; 2 of 8 under load).
+got=$(VASWAP_SIM_FAULTS=cuMemUnmap:100:-150 VASWAP_SIM_DEVICE_MEMORY=56MiB VASWAP_CONF="$base" \
+  run -- "$demo" --quiet --steps 18 --layers 4 --graph whole 2>"$tmp/err") ||
+  fail "whole_auto_held: the demo failed under vaswap with an unmap held"
+[[ "$got" == "$wantw" ]] || fail "whole_auto_held: checksum '$got', unconstrained '$wantw'"
+echo "ok   the same with an unmap held 150 ms: restores mapped in the order of their uses, the same checksum"
 # Where even its windows cannot bring the graph within the device (4 MiB buffers, 122 MiB), it is
 # instantiated as captured and its launch refused with a named error, as before: a rewrite
 # would leave its launch waiting for pages that never come, and the process would be ended.
