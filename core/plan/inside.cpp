@@ -282,7 +282,12 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   }
   windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
   if (choice.windows.empty()) {
-    *why = "no gap between its slots' uses is long enough (inside.lead, inside.min_gap)";
+    // A short graph (one layer's, between whose launches the planner offloads) is the common
+    // case, not a warning: said at the info level.
+    log().info(
+        "inside one graph: graph {} is instantiated as captured: no gap between its slots' uses "
+        "is long enough (inside.lead, inside.min_gap)",
+        hex(reinterpret_cast<uintptr_t>(graph)));
     return nullptr;
   }
   if (s.mode == Mode::automatic && s.budget_bytes == 0 && choice.peak_bytes > allowed) {
