@@ -73,6 +73,10 @@ struct Rewritten {
   // What its slots may hold at once (the schedule's peak): residency counts this instead of
   // them, and the executor maps a slot only within it while a release of the launch is pending.
   uint64_t reserve = 0;
+  // Rewritten under the auto budget because its slots do not fit the device: no pages exist
+  // beyond the reserve, so a lent slot that other work uses between launches is not kept on
+  // the device (below) but brought back for that work each time.
+  bool tight = false;
   uint64_t held = 0;  // what its lent slots hold now
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
   // windows copy and signal but nothing is unmapped).
@@ -323,6 +327,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   g->windows = choice.windows.size();
   g->moved_per_launch = choice.moved_bytes;
   g->reserve = allowed > 0 ? std::max(allowed, choice.peak_bytes) : choice.peak_bytes + largest;
+  g->tight = s.mode == Mode::automatic && s.budget_bytes == 0;
   const Driver& driver = drv();
   ContextScope scope(driver, g->context);
   void* flags = nullptr;
@@ -398,8 +403,15 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   // The driver refuses a copy node naming an address without pages (as it refuses to capture
   // one, bench/results/launch_unmapped_h200.txt): a slot without them gets pages while its nodes
   // are added, one slot at a time, and gives them back after.
-  auto with_pages = [&picked](size_t candidate, const std::function<void()>& add) {
-    residency::with_pages(picked[candidate], add);
+  // Under the auto budget the device may have no room even for that: residency first evicts
+  // slots no launch needs (as for the program's own allocations), else the rewrite failed and the
+  // graph's launch was refused.
+  auto with_pages = [&picked, device](size_t candidate, const std::function<void()>& add) {
+    Slot* slot = picked[candidate];
+    size_t free_bytes = 0, total_bytes = 0;
+    engine().memory_info(device, &free_bytes, &total_bytes);
+    if (free_bytes < slot->mapped_bytes) residency::make_room(device, slot->mapped_bytes);
+    residency::with_pages(slot, add);
   };
   CUgraph rewritten = nullptr;
   try {
@@ -1043,7 +1055,10 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
       unlocked(lock, g, [&] { bring_back(g, *lent, stream); });
       note_held_locked();
     }
-    if (lent->wraps && !lent->kept) {
+    // Kept, it would hold its pages where the schedule has it away (its wrap window), beyond the
+    // reserve: where the device has no pages beyond it (tight), a restore of the launch then
+    // found none and the process was ended (the simulator, selection.captured_only=false).
+    if (lent->wraps && !lent->kept && !g.tight) {
       lent->kept = true;
       log().info("inside one graph: {} is used between launches: it stays on the device then",
                  slot->describe());

@@ -252,6 +252,25 @@ got=$(VASWAP_SIM_FAULTS=cuMemUnmap:100:-150 VASWAP_SIM_DEVICE_MEMORY=56MiB VASWA
   fail "whole_auto_held: the demo failed under vaswap with an unmap held"
 [[ "$got" == "$wantw" ]] || fail "whole_auto_held: checksum '$got', unconstrained '$wantw'"
 echo "ok   the same with an unmap held 150 ms: restores mapped in the order of their uses, the same checksum"
+# With every allocation a slot (selection.captured_only=false: the program's own buffers, which
+# its eager work uses between launches, too) on a 91 MiB device: at the rewrite the device has
+# no room even to map a slot while its copy nodes are added, so residency makes room first; and
+# the lent slots that eager work uses between launches are brought back for it each time, not
+# kept on the device where the schedule has them away (no pages exist beyond the reserve).
+# Before: the rewrite failed and the launch was refused (4 of 6 runs), or a restore found no
+# pages and the process was ended (2 of 6).
+want9=$("$demo" --quiet --steps 24 --layers 9 --elems 257144 --seed 3 --graph whole)
+got=$(VASWAP_SIM_DEVICE_MEMORY=91MiB VASWAP_CONF="selection.min_bytes=512KiB,residency.wait_limit=20s,selection.captured_only=false,log.level=info" \
+  run --trace "$tmp/whole_all.jsonl" -- "$demo" --quiet --steps 24 --layers 9 --elems 257144 --seed 3 \
+  --graph whole 2>"$tmp/err") || fail "whole_all: the demo failed under vaswap"
+[[ "$got" == "$want9" ]] || fail "whole_all: checksum '$got', unconstrained '$want9'"
+summary whole_all '
+assert s["inside_graphs"] >= 1 and s["inside_failures"] == 0 and s["errors"] == 0, s
+assert s["peak_used"] <= 91 * MiB < s["peak_without_releases"], s
+print("     %d graphs rewritten, %d slots lent; device peak %d MiB, %d MiB without releases" % (
+    s["inside_graphs"], s["inside_lent_slots"], s["peak_used"] >> 20, s["peak_without_releases"] >> 20))
+'
+echo "ok   every allocation a slot, one graph per step, auto budget: room made for the rewrite, slots used between launches not kept"
 # Where even its windows cannot bring the graph within the device (4 MiB buffers, 122 MiB), it is
 # instantiated as captured and its launch refused with a named error, as before: a rewrite
 # would leave its launch waiting for pages that never come, and the process would be ended.
