@@ -274,7 +274,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     // it could not be launched as captured (the launch would be refused for want of memory);
     // the windows aim at the budget's target, the reserve below it.
     if (budget == 0) budget = residency::budget(device).target;
-    if (budget == 0 || total <= budget) return nullptr;  // it fits
+    // It fits; or (auto, 0) the device has nothing left for slots, and its launch is refused.
+    if (budget == 0 || total <= budget) return nullptr;
     // Residency counts the reserve as held from the first launch on, between launches too: it
     // leaves the rest of the program the reserves of graphs rewritten before and room for the
     // largest launch seen so far (torch.compile's eager work between its graphs, which a reserve
