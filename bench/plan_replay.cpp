@@ -79,6 +79,7 @@ Input read_input(const YAML::Node& e, uint64_t line) {
   for (const std::string& at : split(e["uses"].as<std::string>(), ';')) {
     p.uses.push_back(numbers<int>(at));
   }
+  if (p.uses.empty()) p.uses.resize(p.start_us.size());  // one position that uses nothing
   in.slots = numbers<uint64_t>(e["slots"].as<std::string>());
   const std::vector<double> model = numbers<double>(e["model"].as<std::string>());
   if (model.size() != 3) die("line " + std::to_string(line) + ": `model` is not three figures");

@@ -165,9 +165,9 @@ class Inside {
   // `before`: releases after the last use at an earlier position only (a later one may depend
   // on the restore that waits).
   static bool release_pending_locked(const Rewritten& g, size_t before);
-  // The position of the earliest restore of g's launch in progress not taken yet, over every lent
-  // slot (SIZE_MAX: none).
-  static size_t first_restore_locked(const Rewritten& g);
+  // The bytes that restores of g's launch in progress for uses before `position` will map: of
+  // the lent slots off the device whose next step is such a restore.
+  static uint64_t earlier_restores_locked(const Rewritten& g, size_t position);
   // Lends g's slots (residency.h): false while one is neither resident nor unused.
   bool lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   void free_locked(Rewritten& g);
@@ -454,10 +454,9 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
         "has to hold its other slots ({}), the reserves of graphs rewritten before ({}) and the "
         "largest launch so far ({}). Launches may be refused for want of memory; a budget of at "
         "least {} leaves that room",
-        hex(reinterpret_cast<uintptr_t>(graph)),
-        s.budget_bytes > 0 ? byte_size(budget) : "auto: " + byte_size(budget) + " now",
-        byte_size(choice.peak_bytes), byte_size(others), byte_size(rest.lent),
-        byte_size(rest.largest_launch), byte_size(choice.peak_bytes + kept));
+        hex(reinterpret_cast<uintptr_t>(graph)), byte_size(budget), byte_size(choice.peak_bytes),
+        byte_size(others), byte_size(rest.lent), byte_size(rest.largest_launch),
+        byte_size(choice.peak_bytes + kept));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   // Another instantiation may have taken one of them meanwhile: then this one is not rewritten.
@@ -754,14 +753,6 @@ bool Inside::advance_locked(Rewritten& g) {
       while (lent.next < lent.steps.size()) {
         const Step step = lent.steps[lent.next];
         if (pass == 0 && !step.release) break;
-        // Restores are mapped in the order of their positions, as the schedule counted them.
-        // The graph is a DAG: a trigger for a later use may be written before an earlier one, and
-        // mapping it first would take the room the earlier restore counts on, while the
-        // releases that would give room back come after that earlier use. On a simulated
-        // device with no pages beyond the budget, the graph then waited for a map that never
-        // came. The earlier trigger never depends on the later restore (its node precedes it in
-        // the graph's order), so waiting for it cannot block.
-        if (!step.release && step.position > first_restore_locked(g)) break;
         uint32_t* flag = g.flag(step.window, step.release ? kReleased : kTrigger);
         if (load(flag) == 0) break;
         store(flag, 0);  // taken: the next launch writes it again
@@ -776,10 +767,17 @@ bool Inside::advance_locked(Rewritten& g) {
         } else {
           if (!lent.mapped) {
             // Within the reserve while a release of this launch can still make room (the
-            // schedule's peak says it will); past it only when none can.
+            // schedule's peak says it will); past it only when none can. And not into the room
+            // that restores for earlier uses still to be mapped count on: when the graph has
+            // run ahead, the triggers of several restores wait at once, and one for a later use
+            // mapped first took an earlier one's room, while the releases that would give room
+            // back come only after that earlier use (on a device with no pages beyond the
+            // budget the process was then ended). Both waits end at residency.wait_limit: the
+            // earlier trigger may sit behind this restore's wait node in a hardware queue.
             const uint64_t now = trace::now_ns();
-            if (g.held + lent.slot->mapped_bytes > g.reserve &&
-                release_pending_locked(g, step.position)) {
+            const uint64_t need = g.held + lent.slot->mapped_bytes;
+            if ((need > g.reserve && release_pending_locked(g, step.position)) ||
+                need + earlier_restores_locked(g, step.position) > g.reserve) {
               if (g.room_since_ns == 0) {
                 g.room_since_ns = now;
                 ++stats_.room_waits;
@@ -789,8 +787,9 @@ bool Inside::advance_locked(Rewritten& g) {
                 break;
               }
               log().warn(
-                  "inside one graph: {} is mapped beyond its graph's reserve of {}: the "
-                  "releases before it did not come within residency.wait_limit",
+                  "inside one graph: {} is mapped beyond its graph's reserve of {}, or into "
+                  "the room of restores for earlier uses: the releases or restores before it "
+                  "did not come within residency.wait_limit",
                   lent.slot->describe(), byte_size(g.reserve));
             }
             if (g.room_since_ns != 0) {
@@ -886,18 +885,14 @@ bool Inside::release_pending_locked(const Rewritten& g, size_t before) {
   return false;
 }
 
-size_t Inside::first_restore_locked(const Rewritten& g) {
-  size_t first = SIZE_MAX;
+uint64_t Inside::earlier_restores_locked(const Rewritten& g, size_t position) {
+  uint64_t bytes = 0;
   for (const Lent& lent : g.slots) {
-    if (lent.gone) continue;
-    for (size_t k = lent.next; k < lent.steps.size(); ++k) {
-      if (!lent.steps[k].release) {
-        first = std::min(first, lent.steps[k].position);
-        break;
-      }
-    }
+    if (lent.gone || lent.mapped || lent.next >= lent.steps.size()) continue;
+    const Step& next = lent.steps[lent.next];
+    if (!next.release && next.position < position) bytes += lent.slot->mapped_bytes;
   }
-  return first;
+  return bytes;
 }
 
 void Inside::note_held_locked() {

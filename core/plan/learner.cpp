@@ -85,6 +85,7 @@ std::shared_ptr<Learned> Learner::take(int period, int repeats) {
         if (added) {
           learned->regions.push_back(slot);
           learned->devices.push_back(slot->device);
+          learned->ids.push_back(slot->id);
           learned->period.region_bytes.push_back(slot->bytes);
           learned->period.region_pages.push_back(slot->mapped_bytes);
         }

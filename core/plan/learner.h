@@ -36,6 +36,7 @@ struct Learned {
   std::vector<Seen> window;    // period + 1 launches
   std::vector<Slot*> regions;  // index -> slot
   std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
+  std::vector<uint64_t> ids;   // index -> the slot's id (likewise: for the trace)
   plan::Period period;         // uses per position (the union over the periods observed)
 };
 

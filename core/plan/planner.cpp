@@ -306,8 +306,9 @@ std::string joined(const std::vector<T>& items, F&& text, const char* separator 
 // (bench/plan_replay): the period's times, each region's slot, bytes, pages and uses, the knobs.
 // Figures in full precision ("{}": the shortest that reads back exactly), so that the same choice
 // is made again.
+// `ids`: the regions' slot ids, noted while learning (a slot may be freed meanwhile).
 void trace_plan_input(int device, const plan::Period& sub, const plan::Model& model,
-                      const plan::Knobs& knobs, const std::vector<Slot*>& regions,
+                      const plan::Knobs& knobs, const std::vector<uint64_t>& ids,
                       const std::vector<int>& global) {
   const auto us = [](double t) { return fmt::format("{}", t); };
   const auto number = [](uint64_t v) { return std::to_string(v); };
@@ -318,8 +319,7 @@ void trace_plan_input(int device, const plan::Period& sub, const plan::Model& mo
       .add("start_us", joined(sub.start_us, us))
       .add("end_us", joined(sub.end_us, us))
       .add("slots",
-           joined(global,
-                  [&](int r) { return std::to_string(regions[static_cast<size_t>(r)]->id); }))
+           joined(global, [&](int r) { return std::to_string(ids[static_cast<size_t>(r)]); }))
       .add("region_bytes", joined(sub.region_bytes, number))
       .add("region_pages", joined(sub.region_pages, number))
       .add("uses", joined(
@@ -409,7 +409,7 @@ void Planner::plan(Learned& learned, uint64_t generation) {
       }
     }
     part.plan = plan::choose(sub, model, knobs);
-    if (trace::enabled()) trace_plan_input(device, sub, model, knobs, learned.regions, global);
+    if (trace::enabled()) trace_plan_input(device, sub, model, knobs, learned.ids, global);
     for (plan::Window w : part.plan.windows) {
       w.region = global[static_cast<size_t>(w.region)];
       windows.push_back(w);

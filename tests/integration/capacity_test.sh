@@ -251,6 +251,7 @@ got=$(VASWAP_SIM_FAULTS=cuMemUnmap:100:-150 VASWAP_SIM_DEVICE_MEMORY=56MiB VASWA
   run -- "$demo" --quiet --steps 18 --layers 4 --graph whole 2>"$tmp/err") ||
   fail "whole_auto_held: the demo failed under vaswap with an unmap held"
 [[ "$got" == "$wantw" ]] || fail "whole_auto_held: checksum '$got', unconstrained '$wantw'"
+grep -q "injected fault: cuMemUnmap" "$tmp/err" || fail "whole_auto_held: the unmap was not held"
 echo "ok   the same with an unmap held 150 ms: restores mapped in the order of their uses, the same checksum"
 # With every allocation a slot (selection.captured_only=false: the program's own buffers, which
 # its eager work uses between launches, too) on a 91 MiB device: at the rewrite the device has
@@ -264,6 +265,10 @@ got=$(VASWAP_SIM_DEVICE_MEMORY=91MiB VASWAP_CONF="selection.min_bytes=512KiB,res
   run --trace "$tmp/whole_all.jsonl" -- "$demo" --quiet --steps 24 --layers 9 --elems 257144 --seed 3 \
   --graph whole 2>"$tmp/err") || fail "whole_all: the demo failed under vaswap"
 [[ "$got" == "$want9" ]] || fail "whole_all: checksum '$got', unconstrained '$want9'"
+if grep -q "it stays on the device then" "$tmp/err"; then
+  fail "whole_all: a lent slot was kept on the device beyond the reserve"
+fi
+grep -q "rewritten with" "$tmp/err" || fail "whole_all: no graph was rewritten"
 summary whole_all '
 assert s["inside_graphs"] >= 1 and s["inside_failures"] == 0 and s["errors"] == 0, s
 assert s["peak_used"] <= 91 * MiB < s["peak_without_releases"], s
