@@ -267,6 +267,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   uint64_t kept = 0;     // of the budget, what the rest of the program needs beside them
   residency::Others rest;
   uint64_t budget = s.budget_bytes;  // what the slots may hold at once
+  // Rewritten for the auto budget's pressure: the device has no pages beyond it.
+  const bool tight = s.mode == Mode::automatic && s.budget_bytes == 0;
   if (s.mode == Mode::automatic) {
     uint64_t total = others;
     for (const windows::Candidate& c : candidates) total += c.bytes;
@@ -295,7 +297,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
         hex(reinterpret_cast<uintptr_t>(graph)));
     return nullptr;
   }
-  if (s.mode == Mode::automatic && s.budget_bytes == 0 && choice.peak_bytes > allowed) {
+  if (tight && choice.peak_bytes > allowed) {
     // Under the auto budget the room is the device's own: windows that cannot bring the graph
     // within it would leave a launch waiting for pages that never come, and the process would
     // end (invariant 12). As captured, the launch is refused with a named error instead.
@@ -328,7 +330,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   g->windows = choice.windows.size();
   g->moved_per_launch = choice.moved_bytes;
   g->reserve = allowed > 0 ? std::max(allowed, choice.peak_bytes) : choice.peak_bytes + largest;
-  g->tight = s.mode == Mode::automatic && s.budget_bytes == 0;
+  g->tight = tight;
   const Driver& driver = drv();
   ContextScope scope(driver, g->context);
   void* flags = nullptr;

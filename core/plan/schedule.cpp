@@ -285,8 +285,7 @@ class Chooser {
   }
 
   void take(const Candidate& c) {
-    d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
-    if (c.h2d_booked) h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
+    book(c);
     taken_.push_back(c);
   }
 
@@ -320,13 +319,16 @@ class Chooser {
     taken_.erase(taken_.begin() + static_cast<std::ptrdiff_t>(i));
     d2h_ = Link(p_.length_us);
     h2d_ = Link(p_.length_us);
-    for (const Candidate& c : taken_) {
-      d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
-      if (c.h2d_booked) h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
-    }
+    for (const Candidate& c : taken_) book(c);
   }
 
  private:
+  // The window's copies on the links.
+  void book(const Candidate& c) {
+    d2h_.take(c.d2h_start, kCopyMargin * model_.d2h_us(c.bytes));
+    if (c.h2d_booked) h2d_.take(c.h2d_start, kCopyMargin * model_.h2d_us(c.bytes));
+  }
+
   const Period& p_;
   const Model& model_;
   const Knobs& knobs_;
