@@ -889,6 +889,59 @@ struct CopyBatch<R (*)(D*, S*, Z*, size_t, Rest...)> {
   }
 };
 
+// Batches of 3D copies (cuMemcpy3DBatchAsync, CUDA 13's revision): (count, ops, flags, stream).
+// Each pointer operand is looked up (an array operand names no slot); like a batch of linear
+// copies, one with pageable memory settles. CUDA 12.8's revision (a failure index before the
+// flags) passes through, as cuMemcpyBatchAsync's does.
+template <class Fn>
+struct Copy3DBatch;
+template <class R, class... Rest>
+struct Copy3DBatch<R (*)(size_t, CUDA_MEMCPY3D_BATCH_OP*, Rest...)> {
+  R (*real)(size_t, CUDA_MEMCPY3D_BATCH_OP*, Rest...);
+  Call call;
+  R operator()(size_t count, CUDA_MEMCPY3D_BATCH_OP* ops, Rest... rest) const {
+    const auto forward = [&] { return real(count, ops, rest...); };
+    if (!handle() || !intercept::access_wanted() || ops == nullptr) return forward();
+    std::vector<uintptr_t> addresses;
+    addresses.reserve(2 * count);
+    for (size_t i = 0; i < count; ++i) {
+      for (const CUmemcpy3DOperand* o : {&ops[i].dst, &ops[i].src}) {
+        if (o->type == CU_MEMCPY_OPERAND_TYPE_POINTER)
+          addresses.push_back(address_of(o->op.ptr.ptr));
+      }
+    }
+    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), false,
+                     forward);
+  }
+};
+
+// Copies between a CUDA array and device memory (cuMemcpyDtoA, cuMemcpyAtoD; synchronous): the
+// device side is looked up, as for any synchronous copy.
+template <class Fn>
+struct CopyArray;
+template <class R>
+struct CopyArray<R (*)(CUarray, size_t, CUdeviceptr, size_t)> {  // device to array
+  R (*real)(CUarray, size_t, CUdeviceptr, size_t);
+  Call call;
+  R operator()(CUarray dst, size_t offset, CUdeviceptr src, size_t bytes) const {
+    const auto forward = [&] { return real(dst, offset, src, bytes); };
+    if (!handle() || !intercept::access_wanted()) return forward();
+    const uintptr_t addresses[] = {address_of(src)};
+    return staged<R>(call, nullptr, addresses, 1, true, forward);
+  }
+};
+template <class R>
+struct CopyArray<R (*)(CUdeviceptr, CUarray, size_t, size_t)> {  // array to device
+  R (*real)(CUdeviceptr, CUarray, size_t, size_t);
+  Call call;
+  R operator()(CUdeviceptr dst, CUarray src, size_t offset, size_t bytes) const {
+    const auto forward = [&] { return real(dst, src, offset, bytes); };
+    if (!handle() || !intercept::access_wanted()) return forward();
+    const uintptr_t addresses[] = {address_of(dst)};
+    return staged<R>(call, nullptr, addresses, 1, true, forward);
+  }
+};
+
 // Memsets: (dst, value, count, [stream]).
 template <class Fn>
 struct Set;

@@ -10,7 +10,8 @@
 #      give pages back and the allocation succeeds; same checksum. Copies in batches
 #      (cudaMemcpyBatchAsync) bring their evicted slots back too. Likewise a kernel launch that
 #      the driver refuses for want of memory (it grows a kernel's local memory at launch): the
-#      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY.
+#      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY. Copies through a
+#      CUDA array and batches of 3D copies (copy_forms_probe.cpp) bring theirs back as well.
 #   4. The handshakes: the host one where asked (residency.handshake=host), the same checksum;
 #      with CUDA_DEVICE_MAX_CONNECTIONS=1 the default falls back to it, says so once, and gives the
 #      same checksum; the device one asked for with one hardware queue is a named error.
@@ -114,6 +115,24 @@ calls = {e.get("call") for e in ev if e["ev"] == "restore_wait"}
 assert any("MemcpyBatchAsync" in (c or "") for c in calls), calls
 print("     batch copies waited for restores: " + ", ".join(sorted(c for c in calls if c and "Batch" in c)))
 '
+
+# 3c. Copies through a CUDA array (cuMemcpyDtoA, cuMemcpyAtoD) and batches of 3D copies
+#     (cuMemcpy3DBatchAsync, pointer and array operands), each naming a buffer that a budget of one
+#     buffer has evicted: brought back first (the driver refuses them on unmapped pages), the
+#     probe's checksum that of a run without vaswap.
+forms_want=$("$build/bin/copy_forms_probe") || fail "copy_forms_probe failed without vaswap"
+forms_got=$(VASWAP_CONF="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB,log.level=info" \
+  run --trace "$tmp/copy_forms.jsonl" -- "$build/bin/copy_forms_probe" 2>"$tmp/err") ||
+  { cat "$tmp/err"; fail "copy_forms: the probe failed under vaswap"; }
+[[ "$forms_got" == "$forms_want" ]] || fail "copy_forms: '$forms_got', without vaswap '$forms_want'"
+summary copy_forms '
+assert s["errors"] == 0, s
+calls = {e.get("call") for e in ev if e["ev"] == "restore_wait"}
+for name in ("cuMemcpyDtoA_v2", "cuMemcpyAtoD_v2", "cuMemcpy3DBatchAsync_v2"):
+    assert name in calls, (name, calls)
+print("     " + ", ".join(sorted(c for c in calls if c and ("toA" in c or "AtoD" in c or "3DBatch" in c))) + " waited for their evicted buffers")
+'
+echo "ok   copy_forms: $forms_got"
 
 # 3b. A launch out of memory: retried at the driver after slots gave pages back, so the runtime
 #     above never records the error (the demo checks every launch's result).

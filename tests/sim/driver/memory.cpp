@@ -21,14 +21,17 @@ namespace vsim {
 
 namespace {
 
-enum class Kind { kDevice, kHost, kReservation };
+// kArray: a CUDA array's storage (rows of row_bytes, rows per layer, layers), device memory that
+// no device pointer names: its CUarray handle is its start address.
+enum class Kind { kDevice, kHost, kReservation, kArray };
 
 struct Range {
   Kind kind;
   size_t bytes;
   int device;
   unsigned flags;
-  size_t charged;  // physical bytes charged to the device
+  size_t charged;                                           // physical bytes charged to the device
+  size_t row_bytes = 0, rows = 0, layers = 0, element = 0;  // kArray only
 };
 
 struct PhysicalHandle {
@@ -386,8 +389,9 @@ CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute
     device = mit->second.handle->device;
   } else {
     auto it = find_range(p);
-    if (it == ranges().end() || it->second.kind == Kind::kReservation) {
-      return CUDA_ERROR_INVALID_VALUE;  // unregistered host memory or an unmapped VA
+    if (it == ranges().end() || it->second.kind == Kind::kReservation ||
+        it->second.kind == Kind::kArray) {
+      return CUDA_ERROR_INVALID_VALUE;  // unregistered host memory, an unmapped VA, an array
     }
     start = it->first;
     bytes = it->second.bytes;
@@ -738,10 +742,48 @@ CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 
 // 2D and 3D copies: one CUDA_MEMCPY3D each (a 2D copy is one slice); the device side of each is
 // checked over its whole extent, from its first byte to its last row's end.
-static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
-  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
-    return CUDA_ERROR_NOT_SUPPORTED;  // no arrays on the simulated device
+// An array side of a copy becomes the array's storage, addressed as host memory vaswap_sim
+// allocated (not pageable, never checked against mappings), once the copy is known to fit in it.
+static CUresult resolve_array(CUarray array, size_t x, size_t y, size_t z, size_t width,
+                              size_t height, size_t depth, const void** base, size_t* pitch,
+                              size_t* rows) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = ranges().find(reinterpret_cast<uintptr_t>(array));
+  if (array == nullptr || it == ranges().end() || it->second.kind != Kind::kArray) {
+    return CUDA_ERROR_INVALID_HANDLE;
   }
+  const Range& r = it->second;
+  if (x + width > r.row_bytes || y + height > r.rows || z + depth > r.layers) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *base = reinterpret_cast<const void*>(it->first);
+  *pitch = r.row_bytes;
+  *rows = r.rows;
+  return CUDA_SUCCESS;
+}
+
+static CUresult resolve_arrays(CUDA_MEMCPY3D* c) {
+  const size_t height = c->Height ? c->Height : 1;
+  const size_t depth = c->Depth ? c->Depth : 1;
+  if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY) {
+    const void* base = nullptr;
+    SIM_TRY(resolve_array(c->srcArray, c->srcXInBytes, c->srcY, c->srcZ, c->WidthInBytes, height,
+                          depth, &base, &c->srcPitch, &c->srcHeight));
+    c->srcMemoryType = CU_MEMORYTYPE_HOST;
+    c->srcHost = base;
+  }
+  if (c->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    const void* base = nullptr;
+    SIM_TRY(resolve_array(c->dstArray, c->dstXInBytes, c->dstY, c->dstZ, c->WidthInBytes, height,
+                          depth, &base, &c->dstPitch, &c->dstHeight));
+    c->dstMemoryType = CU_MEMORYTYPE_HOST;
+    c->dstHost = const_cast<void*>(base);
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
+  SIM_TRY(resolve_arrays(&c));
   // Unified: the pointer is in the *Device field, and is host or device memory.
   if (c.srcMemoryType == CU_MEMORYTYPE_UNIFIED) {
     c.srcMemoryType = memory_type(c.srcDevice) == CU_MEMORYTYPE_DEVICE ? CU_MEMORYTYPE_DEVICE
@@ -929,6 +971,200 @@ CUresult CUDAAPI cuMemcpyBatchAsync_sim_v1(CUdeviceptr* dsts, CUdeviceptr* srcs,
   if (failIdx != nullptr) *failIdx = SIZE_MAX;
   const CUresult rc =
       cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hs);
+  if (rc != CUDA_SUCCESS && failIdx != nullptr) *failIdx = 0;
+  return rc;
+}
+
+// -----------------------------------------------------------------------------------------------
+// CUDA arrays: linear storage charged to the device (no texture layout); copies reach them
+// through cuMemcpy2D/3D, cuMemcpyDtoA/AtoD and cuMemcpy3DBatchAsync.
+// -----------------------------------------------------------------------------------------------
+
+static size_t format_bytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+  }
+}
+
+CUresult CUDAAPI cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* d) {
+  SIM_ENTER();
+  if (array == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  const size_t element = format_bytes(d->Format) * d->NumChannels;
+  if (element == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int dev = 0;
+  SIM_TRY(current_device(&dev));
+  const size_t rows = d->Height ? d->Height : 1;
+  const size_t bytes = d->Width * element * rows;
+  const size_t charged = round_up(bytes, kGranularity);
+  SIM_TRY(charge_physical(dev, charged));
+  void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
+  if (p == nullptr) {
+    refund_physical(dev, charged);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  Range r{Kind::kArray, bytes, dev, 0, charged};
+  r.row_bytes = d->Width * element;
+  r.rows = rows;
+  r.layers = 1;
+  r.element = element;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  ranges()[reinterpret_cast<uintptr_t>(p)] = r;
+  *array = reinterpret_cast<CUarray>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuArrayDestroy(CUarray array) {
+  SIM_ENTER();
+  int dev = -1;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    auto it = ranges().find(reinterpret_cast<uintptr_t>(array));
+    if (array == nullptr || it == ranges().end() || it->second.kind != Kind::kArray) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    dev = it->second.device;
+  }
+  synchronize_device(dev);
+  return free_range(reinterpret_cast<uintptr_t>(array), Kind::kArray);
+}
+
+// Device memory to a 1D array and back: synchronous, `offset` bytes into the array.
+CUresult CUDAAPI cuMemcpyDtoA_v2(CUarray dst, size_t offset, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER();
+  CUDA_MEMCPY3D c =
+      linear_copy(nullptr, CU_MEMORYTYPE_HOST, SIM_DPTR(src), CU_MEMORYTYPE_DEVICE, bytes);
+  c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+  c.dstHost = nullptr;
+  c.dstArray = dst;
+  c.dstXInBytes = offset;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(c, nullptr));
+  return sync_or_query(nullptr, true);
+}
+CUresult CUDAAPI cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t offset, size_t bytes) {
+  SIM_ENTER();
+  CUDA_MEMCPY3D c =
+      linear_copy(SIM_DPTR(dst), CU_MEMORYTYPE_DEVICE, nullptr, CU_MEMORYTYPE_HOST, bytes);
+  c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+  c.srcHost = nullptr;
+  c.srcArray = src;
+  c.srcXInBytes = offset;
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(c, nullptr));
+  return sync_or_query(nullptr, true);
+}
+
+// One operand of a 3D batch copy as a side of a CUDA_MEMCPY3D: a pointer (host or device, by
+// unified addressing; rows of rowLength elements, layers of layerHeight rows, 0: packed) or an
+// array (its offset in elements).
+static CUresult batch_side(const CUmemcpy3DOperand& o, size_t element, const CUextent3D& e,
+                           CUmemorytype* type, const void** host, CUdeviceptr* device,
+                           CUarray* array, size_t* x, size_t* y, size_t* z, size_t* pitch,
+                           size_t* rows) {
+  if (o.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
+    if (o.op.ptr.ptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((o.op.ptr.rowLength != 0 && o.op.ptr.rowLength < e.width) ||
+        (o.op.ptr.layerHeight != 0 && o.op.ptr.layerHeight < e.height)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    *type = unified_type(SIM_DPTR(o.op.ptr.ptr));
+    if (*type == CU_MEMORYTYPE_HOST) {
+      *host = SIM_DPTR(o.op.ptr.ptr);
+    } else {
+      *device = o.op.ptr.ptr;
+    }
+    *pitch = (o.op.ptr.rowLength ? o.op.ptr.rowLength : e.width) * element;
+    *rows = o.op.ptr.layerHeight ? o.op.ptr.layerHeight : e.height;
+    return CUDA_SUCCESS;
+  }
+  if (o.type == CU_MEMCPY_OPERAND_TYPE_ARRAY) {
+    *type = CU_MEMORYTYPE_ARRAY;
+    *array = o.op.array.array;
+    *x = o.op.array.offset.x * element;
+    *y = o.op.array.offset.y;
+    *z = o.op.array.offset.z;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static size_t array_element(const CUmemcpy3DOperand& o) {
+  if (o.type != CU_MEMCPY_OPERAND_TYPE_ARRAY) return 0;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = ranges().find(reinterpret_cast<uintptr_t>(o.op.array.array));
+  return it == ranges().end() || it->second.kind != Kind::kArray ? 0 : it->second.element;
+}
+
+// A batch of 3D copies (CUDA 13's revision). As the driver documents: at least one copy, flags
+// 0, not the legacy NULL stream, every extent non-zero, every source order valid; the element is
+// one byte between pointers, else the array's. All or nothing: every copy is resolved and its
+// device spans checked before any is enqueued.
+CUresult CUDAAPI cuMemcpy3DBatchAsync_v2(size_t count, CUDA_MEMCPY3D_BATCH_OP* ops,
+                                         unsigned long long flags, CUstream hs) {
+  SIM_ENTER();
+  if (count == 0 || ops == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (hs == CU_STREAM_LEGACY || (hs == nullptr && !tls_null_is_per_thread)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::vector<CUDA_MEMCPY3D> copies(count);
+  for (size_t i = 0; i < count; ++i) {
+    const CUDA_MEMCPY3D_BATCH_OP& op = ops[i];
+    if (op.extent.width == 0 || op.extent.height == 0 || op.extent.depth == 0 ||
+        op.srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_INVALID ||
+        op.srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const size_t src_element = array_element(op.src), dst_element = array_element(op.dst);
+    if (src_element != 0 && dst_element != 0 && src_element != dst_element) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const size_t element = std::max<size_t>({src_element, dst_element, 1});
+    CUDA_MEMCPY3D& c = copies[i];
+    c = CUDA_MEMCPY3D{};
+    SIM_TRY(batch_side(op.src, element, op.extent, &c.srcMemoryType, &c.srcHost, &c.srcDevice,
+                       &c.srcArray, &c.srcXInBytes, &c.srcY, &c.srcZ, &c.srcPitch, &c.srcHeight));
+    const void* dst_host = nullptr;
+    SIM_TRY(batch_side(op.dst, element, op.extent, &c.dstMemoryType, &dst_host, &c.dstDevice,
+                       &c.dstArray, &c.dstXInBytes, &c.dstY, &c.dstZ, &c.dstPitch, &c.dstHeight));
+    c.dstHost = const_cast<void*>(dst_host);
+    c.WidthInBytes = op.extent.width * element;
+    c.Height = op.extent.height;
+    c.Depth = op.extent.depth;
+    SIM_TRY(resolve_arrays(&c));
+    const auto check = [&](CUdeviceptr base, size_t x, size_t y, size_t z, size_t pitch,
+                           size_t rows) {
+      const size_t start = x + y * pitch + z * rows * pitch;
+      const size_t span = (c.Depth - 1) * rows * pitch + (c.Height - 1) * pitch + c.WidthInBytes;
+      return check_span(base + start, span, hs);
+    };
+    if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE) {
+      SIM_TRY(check(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight));
+    }
+    if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
+      SIM_TRY(check(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight));
+    }
+  }
+  for (const CUDA_MEMCPY3D& c : copies) SIM_TRY(copy3d_async(c, hs));
+  return CUDA_SUCCESS;
+}
+
+// CUDA 12.8's revision (asked for at 12080): the same, with the index of the copy that failed
+// (SIZE_MAX when none did) before the flags. Reached only through cuGetProcAddress.
+CUresult CUDAAPI cuMemcpy3DBatchAsync_sim_v1(size_t count, CUDA_MEMCPY3D_BATCH_OP* ops,
+                                             size_t* failIdx, unsigned long long flags,
+                                             CUstream hs) {
+  if (failIdx != nullptr) *failIdx = SIZE_MAX;
+  const CUresult rc = cuMemcpy3DBatchAsync_v2(count, ops, flags, hs);
   if (rc != CUDA_SUCCESS && failIdx != nullptr) *failIdx = 0;
   return rc;
 }

@@ -63,6 +63,13 @@ SIM_PER_THREAD(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync_v2,
                (CUdeviceptr * d, CUdeviceptr* s, size_t* n, size_t c, CUmemcpyAttributes* a,
                 size_t* i, size_t na, CUstream h),
                (d, s, n, c, a, i, na, h))
+SIM_PER_THREAD(cuMemcpy3DBatchAsync_v2_ptsz, cuMemcpy3DBatchAsync_v2,
+               (size_t c, CUDA_MEMCPY3D_BATCH_OP* o, unsigned long long f, CUstream h),
+               (c, o, f, h))
+SIM_PER_THREAD(cuMemcpyDtoA_v2_ptds, cuMemcpyDtoA_v2,
+               (CUarray a, size_t o, CUdeviceptr s, size_t n), (a, o, s, n))
+SIM_PER_THREAD(cuMemcpyAtoD_v2_ptds, cuMemcpyAtoD_v2,
+               (CUdeviceptr d, CUarray a, size_t o, size_t n), (d, a, o, n))
 SIM_PER_THREAD(cuMemsetD16_v2_ptds, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n),
                (d, v, n))
 SIM_PER_THREAD(cuMemsetD16Async_ptsz, cuMemsetD16Async,
@@ -229,6 +236,12 @@ const Entry kEntries[] = {
     EP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz),
     E("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_sim_v1),
     EP("cuMemcpyBatchAsync", 13000, cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz),
+    E("cuMemcpy3DBatchAsync", 12080, cuMemcpy3DBatchAsync_sim_v1),
+    EP("cuMemcpy3DBatchAsync", 13000, cuMemcpy3DBatchAsync_v2, cuMemcpy3DBatchAsync_v2_ptsz),
+    EP("cuMemcpyDtoA", 3020, cuMemcpyDtoA_v2, cuMemcpyDtoA_v2_ptds),
+    EP("cuMemcpyAtoD", 3020, cuMemcpyAtoD_v2, cuMemcpyAtoD_v2_ptds),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2),
+    E("cuArrayDestroy", 2000, cuArrayDestroy),
     EP("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds),
     EP("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz),
     EP("cuMemsetD2D8", 3020, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds),

@@ -384,3 +384,7 @@ CUresult CUDAAPI cuMemcpyBatchAsync_sim_v1(CUdeviceptr* dsts, CUdeviceptr* srcs,
                                            size_t count, CUmemcpyAttributes* attrs,
                                            size_t* attrsIdxs, size_t numAttrs, size_t* failIdx,
                                            CUstream hs);
+// CUDA 12.8's revision of cuMemcpy3DBatchAsync (failure index before the flags), likewise.
+CUresult CUDAAPI cuMemcpy3DBatchAsync_sim_v1(size_t count, CUDA_MEMCPY3D_BATCH_OP* ops,
+                                             size_t* failIdx, unsigned long long flags,
+                                             CUstream hs);

@@ -355,4 +355,148 @@ TEST_F(VmmTest, ABatchOfCopiesMovesEachCopyAndKeepsTheDriversRules) {
   ASSERT_CU(cuMemFree(b));
 }
 
+// CUDA arrays (linear storage here): device memory to a 1D array and back lands byte for byte at
+// the offset, a copy past the array's end or with a destroyed array is refused, and the array is
+// charged to the device while it lives.
+TEST_F(VmmTest, AnArrayTakesACopyAtItsOffsetAndRefusesOnePastItsEnd) {
+  CUDA_ARRAY_DESCRIPTOR d{};
+  d.Width = 256;  // 256 two-channel 16-bit elements: 1 KiB
+  d.Height = 0;
+  d.Format = CU_AD_FORMAT_UNSIGNED_INT16;
+  d.NumChannels = 2;
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, 1024));
+  ASSERT_CU(cuMemAlloc(&b, 1024));
+  size_t free_before = 0, total = 0;
+  ASSERT_CU(cuMemGetInfo(&free_before, &total));
+  CUarray array = nullptr;
+  ASSERT_CU(cuArrayCreate(&array, &d));
+  size_t free_with = 0;
+  ASSERT_CU(cuMemGetInfo(&free_with, &total));
+  EXPECT_EQ(free_before - kGran, free_with) << "the array is not charged to the device";
+  std::vector<uint8_t> pattern(1024);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_CU(cuMemcpyHtoD(a, pattern.data(), pattern.size()));
+  ASSERT_CU(cuMemsetD8(b, 0, 1024));
+  ASSERT_CU(cuMemcpyDtoA(array, 0, a, 1024));
+  ASSERT_CU(cuMemcpyAtoD(b + 100, array, 512, 256));  // the array's bytes 512..767
+  std::vector<uint8_t> got(1024, 0xff);
+  ASSERT_CU(cuMemcpyDtoH(got.data(), b, got.size()));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const uint8_t want = i >= 100 && i < 356 ? pattern[512 + i - 100] : 0;
+    ASSERT_EQ(want, got[i]) << i;
+  }
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoA(array, 1000, a, 32));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyAtoD(b, array, 0, 1025));
+  // An unmapped device side is refused as for any copy.
+  ManualSlot slot;
+  slot.reserve(kGran);
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoA(array, 0, slot.va, 64));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyAtoD(slot.va, array, 0, 64));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+  ASSERT_CU(cuArrayDestroy(array));
+  size_t free_after = 0;
+  ASSERT_CU(cuMemGetInfo(&free_after, &total));
+  EXPECT_EQ(free_before, free_after);
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_HANDLE, cuMemcpyDtoA(array, 0, a, 64));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_HANDLE, cuArrayDestroy(array));
+  d.Format = static_cast<CUarray_format>(0x7f);
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuArrayCreate(&array, &d));
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}
+
+// A batch of 3D copies (CUDA 13's cuMemcpy3DBatchAsync): a pitched pointer-to-pointer copy moves
+// just its box, an array operand's offset is in the array's elements, the driver's rules hold
+// (non-zero extents, flags 0, a valid source order, never the legacy stream), and an unmapped
+// operand refuses the whole batch.
+TEST_F(VmmTest, ABatchOf3DCopiesMovesEachBoxAndKeepsTheDriversRules) {
+  constexpr size_t kRow = 64, kRows = 4;
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, kRow * kRows));
+  ASSERT_CU(cuMemAlloc(&b, kRow * kRows));
+  std::vector<uint8_t> pattern(kRow * kRows);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i + 3);
+  ASSERT_CU(cuMemcpyHtoD(a, pattern.data(), pattern.size()));
+  ASSERT_CU(cuMemsetD8(b, 0, kRow * kRows));
+  CUDA_ARRAY_DESCRIPTOR d{};
+  d.Width = 16;  // 16 four-byte elements a row, 2 rows
+  d.Height = 2;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  CUarray array = nullptr;
+  ASSERT_CU(cuArrayCreate(&array, &d));
+  CUstream stream = nullptr;
+  ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+  CUDA_MEMCPY3D_BATCH_OP ops[2] = {};
+  // 0: a's rows 1..2, bytes 8..39, into b's rows 0..1 at byte 4 (both pitch kRow).
+  ops[0].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].src.op.ptr.ptr = a + kRow + 8;
+  ops[0].src.op.ptr.rowLength = kRow;
+  ops[0].dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].dst.op.ptr.ptr = b + 4;
+  ops[0].dst.op.ptr.rowLength = kRow;
+  ops[0].extent = {32, 2, 1};
+  ops[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  // 1: a's first 8 floats into the array's second row, from its element 4.
+  ops[1].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[1].src.op.ptr.ptr = a;
+  ops[1].dst.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  ops[1].dst.op.array.array = array;
+  ops[1].dst.op.array.offset = {4, 1, 0};
+  ops[1].extent = {8, 1, 1};
+  ops[1].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  ASSERT_CU(cuMemcpy3DBatchAsync(2, ops, 0, stream));
+  ASSERT_CU(cuStreamSynchronize(stream));
+  std::vector<uint8_t> got(kRow * kRows, 0xff);
+  ASSERT_CU(cuMemcpyDtoH(got.data(), b, got.size()));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const size_t y = i / kRow, x = i % kRow;
+    const bool in = y < 2 && x >= 4 && x < 36;
+    ASSERT_EQ(in ? pattern[(y + 1) * kRow + x - 4 + 8] : 0, got[i]) << i;
+  }
+  // The array's second row, elements 4..11, read back through a 3D batch into host memory.
+  std::vector<uint8_t> row(32, 0);
+  CUDA_MEMCPY3D_BATCH_OP back{};
+  back.src.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  back.src.op.array.array = array;
+  back.src.op.array.offset = {4, 1, 0};
+  back.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  back.dst.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(row.data());
+  back.extent = {8, 1, 1};
+  back.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  ASSERT_CU(cuMemcpy3DBatchAsync(1, &back, 0, stream));
+  ASSERT_CU(cuStreamSynchronize(stream));
+  EXPECT_EQ(std::vector<uint8_t>(pattern.begin(), pattern.begin() + 32), row);
+
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(0, ops, 0, stream));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(2, ops, 1, stream));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(2, ops, 0, nullptr));
+  CUDA_MEMCPY3D_BATCH_OP bad = ops[0];
+  bad.extent.height = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(1, &bad, 0, stream));
+  bad = ops[0];
+  bad.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_INVALID;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(1, &bad, 0, stream));
+  bad = ops[1];
+  bad.dst.op.array.offset = {12, 1, 0};  // 12 + 8 elements past the row's 16
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(1, &bad, 0, stream));
+  // All or nothing: the second copy's source is unmapped, and the first is not made either.
+  ASSERT_CU(cuMemsetD8(b, 0, kRow * kRows));
+  ManualSlot slot;
+  slot.reserve(kGran);
+  ops[1] = ops[0];
+  ops[1].src.op.ptr.ptr = slot.va;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpy3DBatchAsync(2, ops, 0, stream));
+  ASSERT_CU(cuStreamSynchronize(stream));
+  ASSERT_CU(cuMemcpyDtoH(got.data(), b, got.size()));
+  EXPECT_EQ(std::vector<uint8_t>(kRow * kRows, 0), got) << "a copy of a refused batch was made";
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+  ASSERT_CU(cuStreamDestroy(stream));
+  ASSERT_CU(cuArrayDestroy(array));
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}
+
 }  // namespace

@@ -1,0 +1,130 @@
+// Copies that name device memory through the driver's less common forms: to and from a CUDA
+// array (cuMemcpyDtoA, cuMemcpyAtoD) and in batches of 3D copies (cuMemcpy3DBatchAsync, with
+// pointer and array operands). Two 4 MiB buffers; under vaswap with a residency.budget that holds
+// one of them, touching one evicts the other, so each copy below names a buffer that is away and
+// must be brought back before the driver sees it (the driver refuses a copy from or into unmapped
+// pages). Prints "copy forms: <checksum of both buffers and the host copy>"; exit 0. The same
+// checksum is printed without vaswap.
+#include <cuda.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+constexpr size_t kBuffer = 4u << 20;
+constexpr size_t kArray = 64u << 10;  // a 1D array of bytes
+
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    const CUresult rc_ = (call);                                                                   \
+    if (rc_ != CUDA_SUCCESS) {                                                                     \
+      std::fprintf(stderr, "copy_forms_probe: %s failed with %d\n", #call, static_cast<int>(rc_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+uint64_t fnv1a(const std::vector<uint8_t>& bytes, uint64_t h = 1469598103934665603ull) {
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+CUmemcpy3DOperand pointer(CUdeviceptr p, size_t row_length = 0) {
+  CUmemcpy3DOperand o{};
+  o.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  o.op.ptr.ptr = p;
+  o.op.ptr.rowLength = row_length;
+  return o;
+}
+
+CUmemcpy3DOperand array_at(CUarray array, size_t x) {
+  CUmemcpy3DOperand o{};
+  o.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  o.op.array.array = array;
+  o.op.array.offset = {x, 0, 0};
+  return o;
+}
+
+}  // namespace
+
+int main() {
+  CHECK(cuInit(0));
+  CUdevice device = 0;
+  CHECK(cuDeviceGet(&device, 0));
+  CUcontext context = nullptr;
+  CHECK(cuDevicePrimaryCtxRetain(&context, device));
+  CHECK(cuCtxSetCurrent(context));
+  CUstream stream = nullptr;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a = 0, b = 0;
+  CHECK(cuMemAlloc(&a, kBuffer));
+  CHECK(cuMemAlloc(&b, kBuffer));
+  CUDA_ARRAY_DESCRIPTOR d{};
+  d.Width = kArray;
+  d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  d.NumChannels = 1;
+  CUarray array = nullptr;
+  CHECK(cuArrayCreate(&array, &d));
+
+  std::vector<uint8_t> pattern(kBuffer);
+  for (size_t i = 0; i < kBuffer; ++i) pattern[i] = static_cast<uint8_t>((i * 131) >> 3);
+  CHECK(cuMemcpyHtoD(a, pattern.data(), kBuffer));
+  CHECK(cuMemsetD8(b, 0x5b, kBuffer));  // under vaswap: a is evicted for b
+
+  // a (away) into the array, then the array into b (away by then) at 64 KiB.
+  CHECK(cuMemcpyDtoA(array, 0, a + 12345, kArray));
+  CHECK(cuMemcpyAtoD(b + kArray, array, 0, kArray));
+
+  // A box of a (away: 4 rows of 1 KiB, 8 KiB apart, from byte 4096) into packed host memory.
+  std::vector<uint8_t> host(4u << 10, 0);
+  CUDA_MEMCPY3D_BATCH_OP op{};
+  op.src = pointer(a + 4096, 8192);
+  op.dst = pointer(reinterpret_cast<CUdeviceptr>(host.data()));
+  op.extent = {1024, 4, 1};
+  op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  CHECK(cuMemcpy3DBatchAsync(1, &op, 0, stream));
+  CHECK(cuStreamSynchronize(stream));
+  // The array's second half into b (away again) near its end.
+  op = CUDA_MEMCPY3D_BATCH_OP{};
+  op.src = array_at(array, kArray / 2);
+  op.dst = pointer(b + kBuffer - kArray);
+  op.extent = {kArray / 2, 1, 1};
+  op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  CHECK(cuMemcpy3DBatchAsync(1, &op, 0, stream));
+  CHECK(cuStreamSynchronize(stream));
+
+  std::vector<uint8_t> got_a(kBuffer), got_b(kBuffer);
+  CHECK(cuMemcpyDtoH(got_a.data(), a, kBuffer));
+  CHECK(cuMemcpyDtoH(got_b.data(), b, kBuffer));
+  // What the copies must have made, checked here so that a wrong copy names itself.
+  for (size_t i = 0; i < kArray; ++i) {
+    if (got_b[kArray + i] != pattern[12345 + i]) {
+      std::fprintf(stderr, "copy_forms_probe: b[%zu] is not a[%zu] (through the array)\n",
+                   kArray + i, 12345 + i);
+      return 1;
+    }
+    if (i >= kArray / 2 && got_b[kBuffer - kArray + i - kArray / 2] != pattern[12345 + i]) {
+      std::fprintf(stderr, "copy_forms_probe: b's tail is not the array's second half\n");
+      return 1;
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] != pattern[4096 + (i / 1024) * 8192 + i % 1024]) {
+      std::fprintf(stderr, "copy_forms_probe: host[%zu] is not a's box\n", i);
+      return 1;
+    }
+  }
+  if (got_a != pattern) {
+    std::fprintf(stderr, "copy_forms_probe: a changed\n");
+    return 1;
+  }
+  std::printf("copy forms: %016" PRIx64 "\n", fnv1a(host, fnv1a(got_b, fnv1a(got_a))));
+  CHECK(cuArrayDestroy(array));
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuDevicePrimaryCtxRelease(device));
+  return 0;
+}
