@@ -330,6 +330,9 @@ struct Allocate<R (*)(P*, size_t)> {
   R operator()(P* ptr, size_t bytes) const {
     if (!handle()) return real(ptr, bytes);
     Scope scope;
+    if (!intercept::room_beside_graphs(call, bytes)) {
+      return to_status<R>(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     CUdeviceptr va = 0;
     const char* skipped = nullptr;
     if (ptr != nullptr && intercept::try_slot(call, bytes, &va, &skipped)) {
@@ -382,6 +385,9 @@ struct AllocateAsync<R (*)(P*, size_t, Rest...)> {
   R operator()(P* ptr, size_t bytes, Rest... rest) const {
     if (!handle()) return real(ptr, bytes, rest...);
     Scope scope;
+    if (!intercept::room_beside_graphs(call, bytes)) {
+      return to_status<R>(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     const R rc = real(ptr, bytes, rest...);
     if (rc == R{} && ptr != nullptr) {
       intercept::allocated(call, to_va(*ptr), bytes, ordering_stream(rest...));

@@ -1013,6 +1013,38 @@ bool out_of_memory(const Call& call, size_t bytes, const std::string& what) {
   return freed > 0;
 }
 
+bool room_beside_graphs(const Call& call, size_t bytes) {
+  if (tables().slots.load(std::memory_order_relaxed) == 0) return true;
+  const int device = current_device();
+  if (device < 0) return true;
+  const uint64_t owed = inside::unmapped_reserve(device);
+  if (owed == 0) return true;
+  const auto free_now = [device] {
+    size_t free_bytes = 0, total_bytes = 0;
+    try {
+      engine().memory_info(device, &free_bytes, &total_bytes);
+    } catch (const Error&) {
+      free_bytes = SIZE_MAX;  // not known: the allocation goes ahead, as without graphs
+    }
+    return static_cast<uint64_t>(free_bytes);
+  };
+  uint64_t free_bytes = free_now();
+  if (free_bytes >= bytes + owed) return true;
+  residency::make_room(device, bytes + owed - free_bytes);
+  free_bytes = free_now();
+  if (free_bytes >= bytes + owed) return true;
+  const std::string message =
+      std::string(call.symbol) + " of " + byte_size(bytes) + " on device " +
+      std::to_string(device) + " is refused for want of memory: the device has " +
+      byte_size(free_bytes) + " free, and " + byte_size(owed) +
+      " of that are pages that graphs rewritten under the auto budget map during their launches "
+      "(no pages exist beyond them: taken, a launch would wait on the device for pages that never "
+      "come). Allocate before the graph is captured, or free device memory";
+  log().warn("{}", message);
+  if (trace::enabled()) record(trace::Event::notice, call).add("message", message).emit();
+  return false;
+}
+
 // =============================================================================================
 // Eager work
 // =============================================================================================

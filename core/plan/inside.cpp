@@ -129,6 +129,17 @@ class Inside {
   void node_changing(CUgraphExec exec);
   CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
   void forget(Slot* slot);
+  uint64_t unmapped_reserve(int device) {
+    if (!any_.load(std::memory_order_acquire)) return 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t bytes = 0;
+    for (const auto& [exec, g] : graphs_) {
+      if (g->device == device && g->tight && g->lent && !g->disabled && g->reserve > g->held) {
+        bytes += g->reserve - g->held;
+      }
+    }
+    return bytes;
+  }
   Stats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     Stats out = stats_;
@@ -276,8 +287,16 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     // it could not be launched as captured (the launch would be refused for want of memory);
     // the windows aim at the budget's target, the reserve below it.
     if (budget == 0) budget = residency::budget(device).target;
-    // It fits; or (auto, 0) the device has nothing left for slots, and its launch is refused.
-    if (budget == 0 || total <= budget) return nullptr;
+    // Auto, 0: the device has nothing left for slots, and its launch is refused; said here, so
+    // that the refusal's reader knows why no windows were tried.
+    if (budget == 0) {
+      *why =
+          "the device has no memory left for slots beside the rest of the program (the auto "
+          "budget's target is 0, after residency.reserve), so no windows can bring its " +
+          byte_size(total - others) + " of slots within it";
+      return nullptr;
+    }
+    if (total <= budget) return nullptr;  // it fits
     // Residency counts the reserve as held from the first launch on, between launches too: it
     // leaves the rest of the program the reserves of graphs rewritten before and room for the
     // largest launch seen so far (torch.compile's eager work between its graphs, which a reserve
@@ -833,7 +852,6 @@ bool Inside::advance_locked(Rewritten& g) {
 }
 
 void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
-  (void)g;
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
@@ -851,6 +869,12 @@ void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
         die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
             why + " within residency.wait_limit: " + e.what());
       }
+      // Slots whose uses have all completed give their pages back first, as for the program's
+      // own allocations: under the auto budget no pages exist beyond the graph's reserve, and a
+      // slot the program allocated after the rewrite may hold them. Only those: the graph may be
+      // parked on this map, and a slot whose last use is queued behind it could not be copied
+      // out (its eviction would wait for the graph, which waits for this thread).
+      if (residency::make_room_now(g.device, lent.slot->mapped_bytes) > 0) continue;
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -1225,6 +1249,7 @@ void exec_destroyed(CUgraphExec exec) { the().exec_destroyed(exec); }
 void node_changing(CUgraphExec exec) { the().node_changing(exec); }
 CUgraphNode node_in(CUgraphExec exec, CUgraphNode node) { return the().node_in(exec, node); }
 void forget(Slot* slot) { the().forget(slot); }
+uint64_t unmapped_reserve(int device) { return the().unmapped_reserve(device); }
 Stats stats() { return the().stats(); }
 
 }  // namespace vaswap::inside

@@ -88,6 +88,11 @@ CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
 // `slot` is about to be destroyed: it gets its pages back (for residency to free) and its
 // windows do nothing from now on.
 void forget(Slot* slot);
+// Pages that the executors of graphs rewritten under the auto budget on `device` may still map
+// within their reserves (each reserve less what its lent slots hold now). No pages exist beyond
+// the reserve there: an allocation that takes these leaves a restore that the graph waits for
+// on the device without pages (docs/PLANNER.md, "Inside one graph", "Within a budget").
+uint64_t unmapped_reserve(int device);
 
 struct Stats {
   uint64_t graphs = 0;   // executables made from rewritten graphs

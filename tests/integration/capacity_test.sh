@@ -23,7 +23,9 @@
 #      other device's buffers (--peer-kernels). And where each device's slots fit its own budget (though not
 #      all of them one device's), one plan per device offloads nothing, and no copy test runs.
 #   6. One graph per step on a device too small for it, the default budget: rewritten at its
-#      instantiation, the checksum unchanged; one its windows cannot fit: refused by name.
+#      instantiation, the checksum unchanged; one its windows cannot fit: refused by name. The
+#      program's allocations after the rewrite: granted beside the graph's reserve, or refused
+#      by name (out of memory) where they would take pages its restores need.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -306,4 +308,28 @@ grep -q "is instantiated as captured: with its windows its slots still hold 40 M
   fail "whole_short: no word of why the graph was not rewritten"
 grep -q "needs 80 MiB of slots on device 0 at once" "$tmp/err" || fail "whole_short: not the named refusal"
 echo "ok   one graph per step that its windows cannot fit: instantiated as captured, its launch refused by name"
+# The program allocates after the rewrite (--extra-mib 4 after step 5, as an optimizer's state
+# grows). Under the auto budget no pages exist beyond the rewritten graph's reserve: with the
+# headroom residency.reserve leaves (6 MiB) the allocation fits beside it, and the run gives the
+# checksum; with 4 MiB it would take pages the graph's restores map during a launch, and it is
+# refused for want of memory, by name, the program seeing its own out-of-memory error. Before,
+# it was granted, and a restore the graph waited for on the device found no pages: the process
+# was ended (exit 70) mid-launch, for every size of the allocation tried (1 to 8 MiB).
+wantx=$("$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4)
+got=$(VASWAP_SIM_DEVICE_MEMORY=58MiB VASWAP_CONF="$base,residency.reserve=6MiB,log.level=info" \
+  run -- "$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4 2>"$tmp/err") ||
+  fail "whole_grows: the demo failed under vaswap with room beside the graph"
+[[ "$got" == "$wantx" ]] || fail "whole_grows: checksum '$got', unconstrained '$wantx'"
+grep -q "rewritten with" "$tmp/err" || fail "whole_grows: no graph was rewritten"
+set +e
+VASWAP_SIM_DEVICE_MEMORY=58MiB VASWAP_CONF="$base,residency.reserve=4MiB" \
+  run -- "$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4 >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 && $rc != 70 ]] || fail "whole_grows: exit status $rc, not the program's own failure"
+grep -q "cudaMalloc of 4 MiB on device 0 is refused for want of memory.*graphs rewritten under the auto budget" "$tmp/err" ||
+  fail "whole_grows: the refusal is not named"
+grep -q "train_layers.cu:[0-9]*: cudaErrorMemoryAllocation" "$tmp/err" ||
+  fail "whole_grows: the program did not see its allocation fail"
+echo "ok   the program allocating after the rewrite: beside the graph's reserve where it fits; refused by name where it would take it, not ended"
 echo "capacity: all checks passed"
