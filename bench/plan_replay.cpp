@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "plan/schedule.h"
+#include "replay_fields.h"
 
 namespace {
 
@@ -37,22 +38,8 @@ using vaswap::plan::Window;
   std::exit(2);
 }
 
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> out;
-  if (text.empty()) return out;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, separator)) out.push_back(item);
-  if (text.back() == separator) out.emplace_back();
-  return out;
-}
-
-template <class T>
-std::vector<T> numbers(const std::string& text) {
-  std::vector<T> out;
-  for (const std::string& item : split(text, ',')) out.push_back(YAML::Node(item).as<T>());
-  return out;
-}
+using vaswap::replay::numbers;
+using vaswap::replay::split;
 
 // One window as the trace names it: slot id, last use, next use, release point, restore point.
 using Key = std::tuple<uint64_t, int, int, int, int>;

@@ -25,7 +25,7 @@ constexpr int kFormatVersion = 1;
   X(graph_update) X(graph_launch) X(graph_destroy) X(mem_info) X(device_reset) X(graph_scan) X(eager)             \
   X(learn) X(model) X(plan_input) X(plan) X(plan_window) X(plan_offload) X(plan_restore) X(restore_wait)         \
   X(guard_hit) X(deviation) X(mem_sample) X(summary) X(residency) X(evict) X(fetch) X(oom)     \
-  X(reclaim) X(signal) X(graph_rewrite) X(inside_launch) X(inside_demand) X(launch_time) \
+  X(reclaim) X(signal) X(inside_input) X(graph_rewrite) X(inside_launch) X(inside_demand) X(launch_time) \
   X(thread_stack)
 // clang-format on
 

@@ -91,6 +91,37 @@ struct Rewritten {
 
 enum FlagKind { kReleased = 0, kTrigger = 1, kMapped = 2 };
 
+// What one graph's windows are chosen from, before its rewrite, so that the choice can be made
+// again offline (bench/inside_replay): the positions, the settings and target, each candidate's
+// slot, bytes and uses.
+void trace_input(CUgraph graph, int device, const std::vector<Slot*>& picked,
+                 const std::vector<windows::Candidate>& candidates, size_t positions,
+                 const windows::Settings& ws) {
+  std::string slots, bytes, uses;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const char* sep = i == 0 ? "" : ",";
+    slots += sep + std::to_string(picked[i]->id);
+    bytes += sep + std::to_string(candidates[i].bytes);
+    if (i > 0) uses += ';';
+    for (size_t k = 0; k < candidates[i].uses.size(); ++k) {
+      if (k > 0) uses += ',';
+      uses += std::to_string(candidates[i].uses[k]);
+    }
+  }
+  trace::Record(trace::Event::inside_input)
+      .hex("graph", reinterpret_cast<uintptr_t>(graph))
+      .add("device", device)
+      .add("positions", static_cast<uint64_t>(positions))
+      .add("lead", static_cast<uint64_t>(ws.lead))
+      .add("min_gap", static_cast<uint64_t>(ws.min_gap))
+      .add("lag", static_cast<uint64_t>(ws.lag))
+      .add("target", ws.target)
+      .add("slots", slots)
+      .add("slot_bytes", bytes)
+      .add("uses", uses)
+      .emit();
+}
+
 uint32_t load(const uint32_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
 void store(uint32_t* flag, uint32_t value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
 
@@ -306,6 +337,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     allowed = budget > kept ? budget - kept : 1;
     ws.target = allowed;
   }
+  if (trace::enabled()) trace_input(graph, device, picked, candidates, scan.order.size(), ws);
   windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
   if (choice.windows.empty()) {
     // A short graph (one layer's, between whose launches the planner offloads) is the common

@@ -9,7 +9,8 @@
 #      a restore (no restore_wait with host_wait, the output's one read brought back once only).
 #   3. Capacity: a 100 MiB device, where the whole graph runs out of memory without vaswap, runs
 #      it under residency.budget=28MiB (automatic mode: only the windows the budget needs), same
-#      checksum, the lent slots within the reserve.
+#      checksum, the lent slots within the reserve; bench/inside_replay chooses the same windows
+#      again from the trace's inside_input.
 #      Beside eager work of its own (--eager-mib 8, as torch.compile's between its graphs, its
 #      buffer a slot too): the rewrite's reserve leaves that work's room, which it first needs
 #      before the capture (evicted while the graph is captured: its pinned copy is made in the
@@ -98,6 +99,18 @@ assert s["oom_launches"] == 0 and s["errors"] == 0, s
 held, without = s["inside_peak_held"] / MiB, rw[0]["held_without"] / MiB
 print(f"     slots held at most {held:.0f} MiB of {without:.0f}")
 '
+# The trace holds the whole of the choice: bench/inside_replay chooses the windows again from its
+# inside_input event and finds the run's rewrite; with another target it finds another choice.
+"$build/bin/inside_replay" "$tmp/capacity.jsonl" --check >"$tmp/replay" ||
+  { cat "$tmp/replay"; fail "inside_replay: the windows chosen again from the trace differ from the run's"; }
+grep -q "lead 2, min_gap 4, lag 0, target 28 MiB" "$tmp/replay" || { cat "$tmp/replay"; fail "inside_replay: not the run's settings"; }
+grep -q "moved: same" "$tmp/replay" || { cat "$tmp/replay"; fail "inside_replay: nothing compared"; }
+if "$build/bin/inside_replay" "$tmp/capacity.jsonl" --check --target $((16 << 20)) >"$tmp/replay2"; then
+  cat "$tmp/replay2"
+  fail "inside_replay: a 16 MiB target chose the run's 28 MiB windows"
+fi
+grep -q "target 16 MiB (given)" "$tmp/replay2" || fail "inside_replay: the given target is not used"
+echo "ok   inside_replay: the run's windows chosen again from its trace; another target changes them"
 
 # The same with a lag (inside.lag): a restore counts only on releases two nodes before its
 # trigger, and its trigger follows only those; the data is the same.
