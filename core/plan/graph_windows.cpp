@@ -199,7 +199,13 @@ Choice choose(const std::vector<Candidate>& candidates, size_t positions,
     }
     // A window taken early can be left with nothing to do once later ones cover its positions:
     // it would only move its bytes each way every launch. Each whose positions all stay within
-    // the target without it is taken back, the one that moves most first.
+    // the target without it is taken back, the one that moves most first. Where the target
+    // cannot be met (a position stays above it with every window that covers it taken), within
+    // the peak reached instead: pushing the other positions down to a target the peak misses
+    // anyway only moves bytes (on random training-step graphs the choice moved up to 8.9 times
+    // the bytes an exact solver needs for the same peak; within 1.2 times after this).
+    std::vector<uint64_t> now = held(candidates, gaps, chosen, positions);
+    const uint64_t within = std::max(settings.target, *std::max_element(now.begin(), now.end()));
     std::vector<size_t> order;
     for (size_t i = 0; i < gaps.size(); ++i) {
       if (chosen[i]) order.push_back(i);
@@ -208,12 +214,11 @@ Choice choose(const std::vector<Candidate>& candidates, size_t positions,
       return candidates[gaps[a].window.candidate].bytes >
              candidates[gaps[b].window.candidate].bytes;
     });
-    std::vector<uint64_t> now = held(candidates, gaps, chosen, positions);
     for (size_t i : order) {
       const uint64_t bytes = candidates[gaps[i].window.candidate].bytes;
       bool needed = false;
       for (size_t k = first[i]; k < first[i + 1] && !needed; ++k) {
-        needed = now[positions_of[k]] + bytes > settings.target;
+        needed = now[positions_of[k]] + bytes > within;
       }
       if (needed) continue;
       chosen[i] = false;
