@@ -385,9 +385,9 @@ struct AllocateAsync<R (*)(P*, size_t, Rest...)> {
   R operator()(P* ptr, size_t bytes, Rest... rest) const {
     if (!handle()) return real(ptr, bytes, rest...);
     Scope scope;
-    if (!intercept::room_beside_graphs(call, bytes)) {
-      return to_status<R>(CUDA_ERROR_OUT_OF_MEMORY);
-    }
+    // Not weighed against rewritten graphs' reserves (intercept::room_beside_graphs): a pool may
+    // serve it from memory it holds already, which the device's free bytes do not show, and a
+    // refusal would then be a false out-of-memory.
     const R rc = real(ptr, bytes, rest...);
     if (rc == R{} && ptr != nullptr) {
       intercept::allocated(call, to_va(*ptr), bytes, ordering_stream(rest...));

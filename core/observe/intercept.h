@@ -70,7 +70,8 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
 // if they can (evicted to pinned host memory). True when some did, and the call may be retried.
 // `what` names the call in the trace ("allocation of 32 MiB", "launch").
 bool out_of_memory(const Call& call, size_t bytes, const std::string& what);
-// Before an allocation of `bytes` (a slot's or the program's own) on the current device: where
+// Before an allocation of `bytes` (a slot's or the program's own; not a stream-ordered one, which
+// a pool may serve from memory it holds) on the current device: where
 // graphs rewritten under the auto budget may still map pages within their reserves
 // (inside::unmapped_reserve), the allocation must leave those free. Slots no launch needs give
 // pages back first; false (said in the log and the trace) when the allocation would still take
