@@ -884,6 +884,7 @@ bool Inside::advance_locked(Rewritten& g) {
 }
 
 void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
+  (void)g;
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
@@ -901,12 +902,6 @@ void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
         die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
             why + " within residency.wait_limit: " + e.what());
       }
-      // Slots whose uses have all completed give their pages back first, as for the program's
-      // own allocations: under the auto budget no pages exist beyond the graph's reserve, and a
-      // slot the program allocated after the rewrite may hold them. Only those: the graph may be
-      // parked on this map, and a slot whose last use is queued behind it could not be copied
-      // out (its eviction would wait for the graph, which waits for this thread).
-      if (residency::make_room_now(g.device, lent.slot->mapped_bytes) > 0) continue;
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));

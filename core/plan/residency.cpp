@@ -419,17 +419,13 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     position_ = position;
   }
-  uint64_t make_room(int ordinal, uint64_t bytes, bool completed_only = false);
+  uint64_t make_room(int ordinal, uint64_t bytes);
   bool evictable_during_capture_locked(const Entry& e) const;
   static bool marks_closed(const Entry& e) {
     return std::all_of(e.marks.begin(), e.marks.end(),
                        [](const Mark& m) { return m.record->closed(); });
   }
-  static bool marks_complete(const Entry& e) {
-    return std::all_of(e.marks.begin(), e.marks.end(),
-                       [](const Mark& m) { return m.record->complete(engine().driver()); });
-  }
-  uint64_t make_room_once(int ordinal, uint64_t bytes, bool* busy_slots, bool completed_only);
+  uint64_t make_room_once(int ordinal, uint64_t bytes, bool* busy_slots);
   Budget budget(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
@@ -513,12 +509,9 @@ class Residency {
   // stream, or not yet able to evict ahead). Counted in the same pass as the choice, so that a
   // caller deciding whether waiting can help sees the state the choice saw: a capture that closed
   // between two passes once made a launch refuse with nothing held back (TSan's stress run).
-  // `completed_only`: only slots whose uses have all completed on the device, so that evicting
-  // them waits for no work (the executor of a rewritten graph parked on the device asks so).
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
                                      const std::vector<Entry*>& keep, bool recorded_only = false,
-                                     uint64_t* held_back = nullptr,
-                                     bool completed_only = false) const;
+                                     uint64_t* held_back = nullptr) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
   // Evicts `victims` to make room for `wanted`: a victim the size of a wanted slot that needs
@@ -986,7 +979,7 @@ bool Residency::evictions_before_locked(const Device& d, uint64_t sequence) cons
 
 std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
                                               const std::vector<Entry*>& keep, bool recorded_only,
-                                              uint64_t* held_back, bool completed_only) const {
+                                              uint64_t* held_back) const {
   std::vector<Entry*> candidates;
   if (held_back != nullptr) *held_back = 0;
   for (const auto& [slot, e] : entries_) {
@@ -995,7 +988,7 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
     const bool passed_over =
         e.pins > 0 || (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) ||
         (!parked_.empty() && held_by_parked_stream_locked(e)) ||
-        (d.device_handshake && !evicts_ahead_locked(e)) || (completed_only && !marks_complete(e));
+        (d.device_handshake && !evicts_ahead_locked(e));
     if (passed_over) {
       if (held_back != nullptr) *held_back += e.pages;
       continue;
@@ -2321,7 +2314,7 @@ void Residency::set_schedule(const std::vector<std::vector<Slot*>>& uses) {
   }
 }
 
-uint64_t Residency::make_room(int ordinal, uint64_t bytes, bool completed_only) {
+uint64_t Residency::make_room(int ordinal, uint64_t bytes) {
   // Slots in use right now (pinned by a launch being prepared, or used since the last mark while
   // a capture is open) become evictable within moments: the program's allocation waits for them
   // a little (at most a second, or residency.wait_limit if shorter) before it fails.
@@ -2343,7 +2336,7 @@ uint64_t Residency::make_room(int ordinal, uint64_t bytes, bool completed_only) 
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     bool busy_slots = false;
-    uint64_t freed = make_room_once(ordinal, bytes - trimmed, &busy_slots, completed_only);
+    uint64_t freed = make_room_once(ordinal, bytes - trimmed, &busy_slots);
     engine().trim_spares(ordinal, 0);
     freed += trimmed;
     uint64_t limit = 0;
@@ -2357,8 +2350,7 @@ uint64_t Residency::make_room(int ordinal, uint64_t bytes, bool completed_only) 
   }
 }
 
-uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots,
-                                   bool completed_only) {
+uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots) {
   std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> submit(submit_);
@@ -2373,7 +2365,7 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint64_t held_back = 0;
-      victims = victims_locked(d, bytes, {}, false, &held_back, completed_only);
+      victims = victims_locked(d, bytes, {}, false, &held_back);
       if (victims.empty()) *busy_slots = held_back > 0;
     }
     std::string why;
@@ -3732,9 +3724,6 @@ void prefetch(const std::vector<Slot*>& slots) {
 void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_schedule(uses); }
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
-uint64_t make_room_now(int device, uint64_t bytes) {
-  return the().make_room(device, bytes, /*completed_only=*/true);
-}
 Budget budget(int device) { return the().budget(device); }
 Others others(int device) { return the().others(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }

@@ -174,10 +174,6 @@ Others others(int device);
 // free after the allocation, for the driver's own needs), waiting (bounded) for their copies.
 // Returns the bytes of pages given back.
 uint64_t make_room(int device, uint64_t bytes);
-// The same, evicting only slots whose uses have all completed on the device: the evictions wait
-// for no work, so a thread that a stream waits on (a rewritten graph's executor, while the graph
-// is parked on its map) may ask it without waiting on itself.
-uint64_t make_room_now(int device, uint64_t bytes);
 
 // A capture is about to begin on `stream`: the slots' uses enqueued there so far are closed by a
 // mark recorded now (during the capture a record would go into the graph).

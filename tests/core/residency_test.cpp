@@ -473,32 +473,6 @@ TEST_F(ResidencyTest, TheProgramsOwnOutOfMemoryGetsPagesBack) {
   expect_holds(b, 2);
 }
 
-// Room made for a rewritten graph's executor, which the graph may be parked on: only slots whose
-// uses have all completed on the device give their pages back. One whose last use is still
-// queued (here behind a host function that holds the stream) is passed over: its eviction would
-// wait for that work, which may wait for the executor. Both keep their data.
-TEST_F(ResidencyTest, RoomMadeNowTakesOnlySlotsWhoseUsesHaveCompleted) {
-  configure(4 * kPage);
-  Slot* a = make_slot();
-  Slot* b = make_slot();
-  fill(a, 31);
-  fill(b, 32);
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  Gate gate;
-  ASSERT_CU(cuLaunchHostFunc(stream_, Gate::wait_fn, &gate));  // b's next use stays queued
-  ASSERT_EQ(CUDA_SUCCESS,
-            use({b}, [&] { ASSERT_CU(cuMemsetD32Async(b->va, 33, kWords, stream_)); }));
-  const unsigned long long before = vaswapSimPhysicalBytes(0);
-  EXPECT_EQ(residency::make_room_now(0, 2 * kPage), 1 * kPage);
-  EXPECT_FALSE(mapped(a));
-  EXPECT_TRUE(mapped(b)) << "a slot whose use is still queued was evicted";
-  EXPECT_EQ(vaswapSimPhysicalBytes(0), before - 1 * kPage);
-  gate.release();
-  ASSERT_CU(cuStreamSynchronize(stream_));
-  expect_holds(a, 31);
-  expect_holds(b, 33);
-}
-
 // What the program's out-of-memory gets back leaves the reserve free after its allocation: on the
 // H200, a kernel's first launch right after such an allocation failed for want of memory when
 // only the allocation's bytes came back (its module is loaded into device memory then).
