@@ -890,7 +890,17 @@ struct CopyBatch<R (*)(D*, S*, Z*, size_t, Rest...)> {
       addresses.push_back(address_of(srcs[i]));
     }
     // A copy with pageable memory in the batch waits on the host: the batch settles (staged).
-    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), false,
+    // So does one whose sources may be read out of stream order (during the call, or at any
+    // time): the stream's wait for a restore would not hold them back, so its slots must be on
+    // the device, with their data, before the call (the host path).
+    // (attrs, attrs_idxs, num_attrs, stream)
+    const CUmemcpyAttributes* attrs = std::get<0>(std::tie(rest...));
+    const size_t num_attrs = std::get<2>(std::tie(rest...));
+    bool unordered = false;
+    for (size_t i = 0; attrs != nullptr && i < num_attrs; ++i) {
+      unordered = unordered || attrs[i].srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    }
+    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), unordered,
                      forward);
   }
 };
@@ -910,13 +920,15 @@ struct Copy3DBatch<R (*)(size_t, CUDA_MEMCPY3D_BATCH_OP*, Rest...)> {
     if (!handle() || !intercept::access_wanted() || ops == nullptr) return forward();
     std::vector<uintptr_t> addresses;
     addresses.reserve(2 * count);
+    bool unordered = false;  // sources read out of stream order: as for cuMemcpyBatchAsync
     for (size_t i = 0; i < count; ++i) {
       for (const CUmemcpy3DOperand* o : {&ops[i].dst, &ops[i].src}) {
         if (o->type == CU_MEMCPY_OPERAND_TYPE_POINTER)
           addresses.push_back(address_of(o->op.ptr.ptr));
       }
+      unordered = unordered || ops[i].srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
     }
-    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), false,
+    return staged<R>(call, last_stream(rest...), addresses.data(), addresses.size(), unordered,
                      forward);
   }
 };

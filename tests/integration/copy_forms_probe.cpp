@@ -7,6 +7,7 @@
 // checksum is printed without vaswap.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +95,16 @@ int main() {
   op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
   CHECK(cuMemcpy3DBatchAsync(1, &op, 0, stream));
   CHECK(cuStreamSynchronize(stream));
+  // a (away again) read during the call (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: the driver
+  // may read it out of stream order, so a stream's wait for its restore would not do).
+  std::vector<uint8_t> during(8u << 10, 0);
+  op = CUDA_MEMCPY3D_BATCH_OP{};
+  op.src = pointer(a + 100000);
+  op.dst = pointer(reinterpret_cast<CUdeviceptr>(during.data()));
+  op.extent = {during.size(), 1, 1};
+  op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+  CHECK(cuMemcpy3DBatchAsync(1, &op, 0, stream));
+  CHECK(cuStreamSynchronize(stream));
 
   std::vector<uint8_t> got_a(kBuffer), got_b(kBuffer);
   CHECK(cuMemcpyDtoH(got_a.data(), a, kBuffer));
@@ -116,11 +127,16 @@ int main() {
       return 1;
     }
   }
+  if (!std::equal(during.begin(), during.end(), pattern.begin() + 100000)) {
+    std::fprintf(stderr, "copy_forms_probe: what was read during the call is not a's\n");
+    return 1;
+  }
   if (got_a != pattern) {
     std::fprintf(stderr, "copy_forms_probe: a changed\n");
     return 1;
   }
-  std::printf("copy forms: %016" PRIx64 "\n", fnv1a(host, fnv1a(got_b, fnv1a(got_a))));
+  std::printf("copy forms: %016" PRIx64 "\n",
+              fnv1a(during, fnv1a(host, fnv1a(got_b, fnv1a(got_a)))));
   CHECK(cuArrayDestroy(array));
   CHECK(cuMemFree(a));
   CHECK(cuMemFree(b));
