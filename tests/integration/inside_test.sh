@@ -9,8 +9,8 @@
 #      a restore (no restore_wait with host_wait, the output's one read brought back once only).
 #   3. Capacity: a 100 MiB device, where the whole graph runs out of memory without vaswap, runs
 #      it under residency.budget=28MiB (automatic mode: only the windows the budget needs), same
-#      checksum, the lent slots within the reserve; bench/inside_replay chooses the same windows
-#      again from the trace's inside_input.
+#      checksum, the lent slots within the reserve; bench/inside_replay, choosing again from the
+#      trace's inside_input, finds the run's number of windows, peak and bytes moved.
 #      Beside eager work of its own (--eager-mib 8, as torch.compile's between its graphs, its
 #      buffer a slot too): the rewrite's reserve leaves that work's room, which it first needs
 #      before the capture (evicted while the graph is captured: its pinned copy is made in the

@@ -1038,9 +1038,17 @@ CUresult CUDAAPI cuArrayDestroy(CUarray array) {
   return free_range(reinterpret_cast<uintptr_t>(array), Kind::kArray);
 }
 
+// Whether `array` is a live 1D array (cuMemcpyDtoA/AtoD take only those).
+static bool one_dimensional(CUarray array) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = ranges().find(reinterpret_cast<uintptr_t>(array));
+  return it == ranges().end() || it->second.kind != Kind::kArray || it->second.rows == 1;
+}
+
 // Device memory to a 1D array and back: synchronous, `offset` bytes into the array.
 CUresult CUDAAPI cuMemcpyDtoA_v2(CUarray dst, size_t offset, CUdeviceptr src, size_t bytes) {
   SIM_ENTER();
+  if (!one_dimensional(dst)) return CUDA_ERROR_INVALID_VALUE;
   CUDA_MEMCPY3D c =
       linear_copy(nullptr, CU_MEMORYTYPE_HOST, SIM_DPTR(src), CU_MEMORYTYPE_DEVICE, bytes);
   c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
@@ -1053,6 +1061,7 @@ CUresult CUDAAPI cuMemcpyDtoA_v2(CUarray dst, size_t offset, CUdeviceptr src, si
 }
 CUresult CUDAAPI cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t offset, size_t bytes) {
   SIM_ENTER();
+  if (!one_dimensional(src)) return CUDA_ERROR_INVALID_VALUE;
   CUDA_MEMCPY3D c =
       linear_copy(SIM_DPTR(dst), CU_MEMORYTYPE_DEVICE, nullptr, CU_MEMORYTYPE_HOST, bytes);
   c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
@@ -1158,8 +1167,9 @@ CUresult CUDAAPI cuMemcpy3DBatchAsync_v2(size_t count, CUDA_MEMCPY3D_BATCH_OP* o
   return CUDA_SUCCESS;
 }
 
-// CUDA 12.8's revision (asked for at 12080): the same, with the index of the copy that failed
-// (SIZE_MAX when none did) before the flags. Reached only through cuGetProcAddress.
+// CUDA 12.8's revision (asked for at 12080): the same, with a failure index before the flags:
+// SIZE_MAX when the batch was made, 0 when it was refused (all or nothing here, so no copy of it
+// was made). Reached only through cuGetProcAddress.
 CUresult CUDAAPI cuMemcpy3DBatchAsync_sim_v1(size_t count, CUDA_MEMCPY3D_BATCH_OP* ops,
                                              size_t* failIdx, unsigned long long flags,
                                              CUstream hs) {

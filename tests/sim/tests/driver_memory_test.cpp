@@ -426,6 +426,7 @@ TEST_F(VmmTest, ABatchOf3DCopiesMovesEachBoxAndKeepsTheDriversRules) {
   d.NumChannels = 1;
   CUarray array = nullptr;
   ASSERT_CU(cuArrayCreate(&array, &d));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoA(array, 0, a, 16));  // 1D arrays only
   CUstream stream = nullptr;
   ASSERT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
