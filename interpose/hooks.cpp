@@ -933,29 +933,25 @@ struct Copy3DBatch<R (*)(size_t, CUDA_MEMCPY3D_BATCH_OP*, Rest...)> {
   }
 };
 
-// Copies between a CUDA array and device memory (cuMemcpyDtoA, cuMemcpyAtoD; synchronous): the
-// device side is looked up, as for any synchronous copy.
+// Copies between a CUDA array and device memory (cuMemcpyDtoA: array, offset, device, bytes;
+// cuMemcpyAtoD: device, array, offset, bytes; synchronous): the device side is looked up, as for
+// any synchronous copy.
 template <class Fn>
 struct CopyArray;
-template <class R>
-struct CopyArray<R (*)(CUarray, size_t, CUdeviceptr, size_t)> {  // device to array
-  R (*real)(CUarray, size_t, CUdeviceptr, size_t);
+template <class R, class A, class B, class C>
+struct CopyArray<R (*)(A, B, C, size_t)> {
+  R (*real)(A, B, C, size_t);
   Call call;
-  R operator()(CUarray dst, size_t offset, CUdeviceptr src, size_t bytes) const {
-    const auto forward = [&] { return real(dst, offset, src, bytes); };
+  R operator()(A a, B b, C c, size_t bytes) const {
+    const auto forward = [&] { return real(a, b, c, bytes); };
     if (!handle() || !intercept::access_wanted()) return forward();
-    const uintptr_t addresses[] = {address_of(src)};
-    return staged<R>(call, nullptr, addresses, 1, true, forward);
-  }
-};
-template <class R>
-struct CopyArray<R (*)(CUdeviceptr, CUarray, size_t, size_t)> {  // array to device
-  R (*real)(CUdeviceptr, CUarray, size_t, size_t);
-  Call call;
-  R operator()(CUdeviceptr dst, CUarray src, size_t offset, size_t bytes) const {
-    const auto forward = [&] { return real(dst, src, offset, bytes); };
-    if (!handle() || !intercept::access_wanted()) return forward();
-    const uintptr_t addresses[] = {address_of(dst)};
+    uintptr_t device = 0;
+    if constexpr (std::is_same_v<A, CUdeviceptr>) {
+      device = address_of(a);
+    } else {
+      device = address_of(c);
+    }
+    const uintptr_t addresses[] = {device};
     return staged<R>(call, nullptr, addresses, 1, true, forward);
   }
 };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -111,5 +112,17 @@ class Record {
   uint64_t t_ns_;
   fmt::memory_buffer fields_;
 };
+
+// A list field of an event (plan_input, inside_input): each item as `text` writes it, between
+// separators, read back by bench/replay_fields.h.
+template <class T, class F>
+std::string joined(const std::vector<T>& items, F&& text, const char* separator = ",") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += separator;
+    out += text(items[i]);
+  }
+  return out;
+}
 
 }  // namespace vaswap::trace

@@ -97,17 +97,7 @@ enum FlagKind { kReleased = 0, kTrigger = 1, kMapped = 2 };
 void trace_input(CUgraph graph, int device, const std::vector<Slot*>& picked,
                  const std::vector<windows::Candidate>& candidates, size_t positions,
                  const windows::Settings& ws) {
-  std::string slots, bytes, uses;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const char* sep = i == 0 ? "" : ",";
-    slots += sep + std::to_string(picked[i]->id);
-    bytes += sep + std::to_string(candidates[i].bytes);
-    if (i > 0) uses += ';';
-    for (size_t k = 0; k < candidates[i].uses.size(); ++k) {
-      if (k > 0) uses += ',';
-      uses += std::to_string(candidates[i].uses[k]);
-    }
-  }
+  const auto number = [](auto v) { return std::to_string(v); };
   trace::Record(trace::Event::inside_input)
       .hex("graph", reinterpret_cast<uintptr_t>(graph))
       .add("device", device)
@@ -116,9 +106,14 @@ void trace_input(CUgraph graph, int device, const std::vector<Slot*>& picked,
       .add("min_gap", static_cast<uint64_t>(ws.min_gap))
       .add("lag", static_cast<uint64_t>(ws.lag))
       .add("target", ws.target)
-      .add("slots", slots)
-      .add("slot_bytes", bytes)
-      .add("uses", uses)
+      .add("slots", trace::joined(picked, [](const Slot* s) { return std::to_string(s->id); }))
+      .add("slot_bytes",
+           trace::joined(candidates,
+                         [](const windows::Candidate& c) { return std::to_string(c.bytes); }))
+      .add("uses",
+           trace::joined(
+               candidates,
+               [&](const windows::Candidate& c) { return trace::joined(c.uses, number); }, ";"))
       .emit();
 }
 

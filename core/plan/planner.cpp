@@ -292,15 +292,7 @@ plan::Model Planner::model_for(int device) {
 
 namespace {
 
-template <class T, class F>
-std::string joined(const std::vector<T>& items, F&& text, const char* separator = ",") {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += separator;
-    out += text(items[i]);
-  }
-  return out;
-}
+using trace::joined;
 
 // What one device's schedule was chosen from, so that a run's plan can be chosen again offline
 // (bench/plan_replay): the period's times, each region's slot, bytes, pages and uses, the knobs.

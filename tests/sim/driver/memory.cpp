@@ -782,7 +782,9 @@ static CUresult resolve_arrays(CUDA_MEMCPY3D* c) {
   return CUDA_SUCCESS;
 }
 
-static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
+// Resolves a copy's array and unified sides and checks its device sides for work on `hs`.
+static CUresult prepare3d(CUDA_MEMCPY3D* copy, CUstream hs) {
+  CUDA_MEMCPY3D& c = *copy;
   SIM_TRY(resolve_arrays(&c));
   // Unified: the pointer is in the *Device field, and is host or device memory.
   if (c.srcMemoryType == CU_MEMORYTYPE_UNIFIED) {
@@ -811,6 +813,11 @@ static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
   if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
     SIM_TRY(check(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight));
   }
+  return CUDA_SUCCESS;
+}
+
+// Enqueues a prepared copy (pageable host memory on either side may make it wait).
+static CUresult submit3d(const CUDA_MEMCPY3D& c, CUstream hs) {
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = c;
@@ -821,6 +828,18 @@ static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
       (c.srcMemoryType == CU_MEMORYTYPE_HOST &&
        c.WidthInBytes * c.Height * (c.Depth ? c.Depth : 1) > kInlineCopy && pageable(c.srcHost));
   return staged ? finish_staged(hs, to_host) : CUDA_SUCCESS;
+}
+
+static CUresult copy3d_async(CUDA_MEMCPY3D c, CUstream hs) {
+  SIM_TRY(prepare3d(&c, hs));
+  return submit3d(c, hs);
+}
+
+// The synchronous forms: on the null stream, then waited for.
+static CUresult copy3d_sync(const CUDA_MEMCPY3D& c) {
+  SIM_TRY(check_capture_safety());
+  SIM_TRY(copy3d_async(c, nullptr));
+  return sync_or_query(nullptr, true);
 }
 
 static CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {
@@ -853,9 +872,7 @@ CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream hs) {
 CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) {
   SIM_ENTER();
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(copy3d_async(*p, nullptr));
-  return sync_or_query(nullptr, true);
+  return copy3d_sync(*p);
 }
 CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream hs) {
   SIM_ENTER();
@@ -865,9 +882,7 @@ CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream hs) {
 CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) {
   SIM_ENTER();
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(copy3d_async(from_2d(*p), nullptr));
-  return sync_or_query(nullptr, true);
+  return copy3d_sync(from_2d(*p));
 }
 // 3D peer copies: as cuMemcpy3D, the contexts aside (every device is host memory here).
 static CUDA_MEMCPY3D from_peer(const CUDA_MEMCPY3D_PEER& p) {
@@ -905,9 +920,7 @@ CUresult CUDAAPI cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream hs) {
 CUresult CUDAAPI cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* p) {
   SIM_ENTER();
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(copy3d_async(from_peer(*p), nullptr));
-  return sync_or_query(nullptr, true);
+  return copy3d_sync(from_peer(*p));
 }
 
 // Peer copies: every device is host memory here, so a peer copy is a device-to-device copy.
@@ -1055,9 +1068,7 @@ CUresult CUDAAPI cuMemcpyDtoA_v2(CUarray dst, size_t offset, CUdeviceptr src, si
   c.dstHost = nullptr;
   c.dstArray = dst;
   c.dstXInBytes = offset;
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(copy3d_async(c, nullptr));
-  return sync_or_query(nullptr, true);
+  return copy3d_sync(c);
 }
 CUresult CUDAAPI cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t offset, size_t bytes) {
   SIM_ENTER();
@@ -1068,30 +1079,23 @@ CUresult CUDAAPI cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t offset, si
   c.srcHost = nullptr;
   c.srcArray = src;
   c.srcXInBytes = offset;
-  SIM_TRY(check_capture_safety());
-  SIM_TRY(copy3d_async(c, nullptr));
-  return sync_or_query(nullptr, true);
+  return copy3d_sync(c);
 }
 
-// One operand of a 3D batch copy as a side of a CUDA_MEMCPY3D: a pointer (host or device, by
-// unified addressing; rows of rowLength elements, layers of layerHeight rows, 0: packed) or an
-// array (its offset in elements).
+// One operand of a 3D batch copy as a side of a CUDA_MEMCPY3D: a pointer (unified: host or
+// device, as prepare3d finds; rows of rowLength elements, layers of layerHeight rows, 0: packed)
+// or an array (its offset in elements).
 static CUresult batch_side(const CUmemcpy3DOperand& o, size_t element, const CUextent3D& e,
-                           CUmemorytype* type, const void** host, CUdeviceptr* device,
-                           CUarray* array, size_t* x, size_t* y, size_t* z, size_t* pitch,
-                           size_t* rows) {
+                           CUmemorytype* type, CUdeviceptr* device, CUarray* array, size_t* x,
+                           size_t* y, size_t* z, size_t* pitch, size_t* rows) {
   if (o.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
     if (o.op.ptr.ptr == 0) return CUDA_ERROR_INVALID_VALUE;
     if ((o.op.ptr.rowLength != 0 && o.op.ptr.rowLength < e.width) ||
         (o.op.ptr.layerHeight != 0 && o.op.ptr.layerHeight < e.height)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    *type = unified_type(SIM_DPTR(o.op.ptr.ptr));
-    if (*type == CU_MEMORYTYPE_HOST) {
-      *host = SIM_DPTR(o.op.ptr.ptr);
-    } else {
-      *device = o.op.ptr.ptr;
-    }
+    *type = CU_MEMORYTYPE_UNIFIED;
+    *device = o.op.ptr.ptr;
     *pitch = (o.op.ptr.rowLength ? o.op.ptr.rowLength : e.width) * element;
     *rows = o.op.ptr.layerHeight ? o.op.ptr.layerHeight : e.height;
     return CUDA_SUCCESS;
@@ -1140,30 +1144,16 @@ CUresult CUDAAPI cuMemcpy3DBatchAsync_v2(size_t count, CUDA_MEMCPY3D_BATCH_OP* o
     const size_t element = std::max<size_t>({src_element, dst_element, 1});
     CUDA_MEMCPY3D& c = copies[i];
     c = CUDA_MEMCPY3D{};
-    SIM_TRY(batch_side(op.src, element, op.extent, &c.srcMemoryType, &c.srcHost, &c.srcDevice,
-                       &c.srcArray, &c.srcXInBytes, &c.srcY, &c.srcZ, &c.srcPitch, &c.srcHeight));
-    const void* dst_host = nullptr;
-    SIM_TRY(batch_side(op.dst, element, op.extent, &c.dstMemoryType, &dst_host, &c.dstDevice,
-                       &c.dstArray, &c.dstXInBytes, &c.dstY, &c.dstZ, &c.dstPitch, &c.dstHeight));
-    c.dstHost = const_cast<void*>(dst_host);
+    SIM_TRY(batch_side(op.src, element, op.extent, &c.srcMemoryType, &c.srcDevice, &c.srcArray,
+                       &c.srcXInBytes, &c.srcY, &c.srcZ, &c.srcPitch, &c.srcHeight));
+    SIM_TRY(batch_side(op.dst, element, op.extent, &c.dstMemoryType, &c.dstDevice, &c.dstArray,
+                       &c.dstXInBytes, &c.dstY, &c.dstZ, &c.dstPitch, &c.dstHeight));
     c.WidthInBytes = op.extent.width * element;
     c.Height = op.extent.height;
     c.Depth = op.extent.depth;
-    SIM_TRY(resolve_arrays(&c));
-    const auto check = [&](CUdeviceptr base, size_t x, size_t y, size_t z, size_t pitch,
-                           size_t rows) {
-      const size_t start = x + y * pitch + z * rows * pitch;
-      const size_t span = (c.Depth - 1) * rows * pitch + (c.Height - 1) * pitch + c.WidthInBytes;
-      return check_span(base + start, span, hs);
-    };
-    if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE) {
-      SIM_TRY(check(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight));
-    }
-    if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
-      SIM_TRY(check(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight));
-    }
+    SIM_TRY(prepare3d(&c, hs));
   }
-  for (const CUDA_MEMCPY3D& c : copies) SIM_TRY(copy3d_async(c, hs));
+  for (const CUDA_MEMCPY3D& c : copies) SIM_TRY(submit3d(c, hs));
   return CUDA_SUCCESS;
 }
 
