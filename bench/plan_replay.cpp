@@ -1,7 +1,7 @@
 // plan_replay: chooses a traced run's plans again, offline, from their `plan_input` events
 // (docs/TRACE.md), with the schedule this build has (core/plan/schedule.cpp).
 //
-//   plan_replay TRACE [--check]
+//   plan_replay TRACE [--check] [--remap-seen US]
 //
 // For each `plan_input` it prints the plan the schedule chooses now: windows, bytes moved each way
 // per period, pages away at the worst position, what the replay says shows. It compares that with
@@ -9,6 +9,8 @@
 // points) and prints "same" or what differs. With --check it exits 1 when any plan differs: the
 // planner test uses that to show a trace's inputs are the whole of the choice. Without it, a
 // schedule changed since the run shows what the change would have chosen for that run.
+// --remap-seen US chooses as if the run's own maps and unmaps had cost US per region (the model's
+// remap_seen_us; traces made before it was traced have none).
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -69,8 +72,11 @@ Input read_input(const YAML::Node& e, uint64_t line) {
   if (p.uses.empty()) p.uses.resize(p.start_us.size());  // one position that uses nothing
   in.slots = numbers<uint64_t>(e["slots"].as<std::string>());
   const std::vector<double> model = numbers<double>(e["model"].as<std::string>());
-  if (model.size() != 3) die("line " + std::to_string(line) + ": `model` is not three figures");
-  in.model = Model{model[0], model[1], model[2], "traced"};
+  // Three figures before the run's own remap cost was traced (then 0: none seen).
+  if (model.size() != 3 && model.size() != 4) {
+    die("line " + std::to_string(line) + ": `model` is not three or four figures");
+  }
+  in.model = Model{model[0], model[1], model[2], "traced", model.size() == 4 ? model[3] : 0.0};
   in.knobs.budget_pages = e["budget"].as<uint64_t>();
   in.knobs.limit_pages = e["limit"].as<uint64_t>();
   in.knobs.prefetch_distance = e["prefetch_distance"].as<int>();
@@ -88,23 +94,32 @@ Input read_input(const YAML::Node& e, uint64_t line) {
 int main(int argc, char** argv) {
   std::string path;
   bool check = false;
+  std::optional<double> remap_seen_us;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--check") {
       check = true;
+    } else if (arg == "--remap-seen" && i + 1 < argc) {
+      char* end = nullptr;
+      remap_seen_us = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || *remap_seen_us < 0) {
+        die(std::string("--remap-seen takes microseconds >= 0, got '") + argv[i] + "'");
+      }
     } else if (arg == "-h" || arg == "--help") {
       std::puts(
-          "usage: plan_replay TRACE [--check]\n"
+          "usage: plan_replay TRACE [--check] [--remap-seen US]\n"
           "Chooses each plan of a vaswap trace again from its plan_input events and compares\n"
-          "it with the run's plan_window events; --check: exit 1 when one differs.");
+          "it with the run's plan_window events; --check: exit 1 when one differs;\n"
+          "--remap-seen: choose as if the run's maps and unmaps had cost US per region.");
       return 0;
     } else if (path.empty()) {
       path = arg;
     } else {
-      die("unexpected argument '" + arg + "' (usage: plan_replay TRACE [--check])");
+      die("unexpected argument '" + arg +
+          "' (usage: plan_replay TRACE [--check] [--remap-seen US])");
     }
   }
-  if (path.empty()) die("usage: plan_replay TRACE [--check]");
+  if (path.empty()) die("usage: plan_replay TRACE [--check] [--remap-seen US]");
   std::ifstream file(path);
   if (!file) die("cannot open " + path);
 
@@ -147,7 +162,8 @@ int main(int argc, char** argv) {
 
   int differ = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const Input& in = inputs[i];
+    Input& in = inputs[i];
+    if (remap_seen_us) in.model.remap_seen_us = *remap_seen_us;
     const Plan plan = vaswap::plan::choose(in.period, in.model, in.knobs);
     uint64_t moved = 0;
     std::vector<Key> mine;

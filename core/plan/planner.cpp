@@ -35,6 +35,9 @@ namespace {
 // Launches observed without finding a period before the planner gives up (and stays out of the
 // way: residency alone keeps launches correct and within the budget).
 constexpr size_t kMaxLearningLaunches = 4096;
+// Of the maps and unmaps the run has made, the share that the schedule's remap cost should cover;
+// of its copies, the speed below which that share of them ran (a busy link only slows a copy).
+constexpr double kSeenQuantile = 0.9;
 
 enum class Phase : int { off, learning, planning, steady };
 
@@ -285,9 +288,24 @@ void Planner::start_planning(int period) {
 plan::Model Planner::model_for(int device) {
   plan::Model given{policy_.h2d_gbps, policy_.d2h_gbps,
                     static_cast<double>(policy_.remap_latency_ns) / 1e3, "given"};
-  if (policy_.model == Model::given) return given;
-  if (auto it = measured_.find(device); it != measured_.end()) return it->second;
-  return measured_[device] = copy_test(device, given);
+  if (policy_.model == Model::given) return given;  // as given: plans a test can predict
+  auto it = measured_.find(device);
+  if (it == measured_.end()) it = measured_.emplace(device, copy_test(device, given)).first;
+  plan::Model model = it->second;
+  const DeviceCosts& seen = engine().device_costs();
+  // The maps and unmaps of learning (and of earlier plans) were made beside the run's copies, as
+  // the plan's will be: a high quantile of them, so that a restore's lead covers most of its
+  // maps, not the median one.
+  model.remap_seen_us = seen.remap_us(device, kSeenQuantile);
+  // A copy shares the link with whatever else runs and is only slowed by it, so the run's own
+  // copies show what the link gives at least. The copy test can find the link busy with
+  // learning's copies for all its rounds: on the H200 one run measured 2.3 GB/s D2H where the
+  // run's own copies went at 55 (bench/results/remap_seen_session40_h200.md).
+  model.h2d_seen_gbps = seen.gbps(device, /*to_host=*/false, kSeenQuantile);
+  model.d2h_seen_gbps = seen.gbps(device, /*to_host=*/true, kSeenQuantile);
+  model.h2d_gbps = std::max(model.h2d_gbps, model.h2d_seen_gbps);
+  model.d2h_gbps = std::max(model.d2h_gbps, model.d2h_seen_gbps);
+  return model;
 }
 
 namespace {
@@ -307,7 +325,8 @@ void trace_plan_input(int device, const plan::Period& sub, const plan::Model& mo
   trace::Record(trace::Event::plan_input)
       .add("device", device)
       .add("period_us", us(sub.length_us))
-      .add("model", fmt::format("{},{},{}", model.h2d_gbps, model.d2h_gbps, model.remap_us))
+      .add("model", fmt::format("{},{},{},{}", model.h2d_gbps, model.d2h_gbps, model.remap_us,
+                                model.remap_seen_us))
       .add("start_us", joined(sub.start_us, us))
       .add("end_us", joined(sub.end_us, us))
       .add("slots",
@@ -396,6 +415,9 @@ void Planner::plan(Learned& learned, uint64_t generation) {
             .add("h2d_gbps", model.h2d_gbps)
             .add("d2h_gbps", model.d2h_gbps)
             .add("remap_us", model.remap_us)
+            .add("remap_seen_us", model.remap_seen_us)
+            .add("h2d_seen_gbps", model.h2d_seen_gbps)
+            .add("d2h_seen_gbps", model.d2h_seen_gbps)
             .add("device", device)
             .emit();
       }

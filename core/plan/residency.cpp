@@ -3326,7 +3326,7 @@ void Residency::run_completions(Device& d, std::deque<Copied>& copies, const cha
     const uint64_t done_ns = trace::now_ns();
     float ms = 0;
     driver.cuEventElapsedTime(&ms, copied.start, copied.end);
-    engine().count_copy(false, copied.bytes);
+    engine().count_copy(d.ordinal, false, copied.bytes, static_cast<double>(ms) * 1e3);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (Entry* e = by_id_locked(copied.slot)) {
@@ -3516,7 +3516,7 @@ void Residency::run_unmapper(Device& d) {
       }
     }
     if (unmap.copied) {
-      engine().count_copy(true, unmap.bytes);
+      engine().count_copy(d.ordinal, true, unmap.bytes, static_cast<double>(ms) * 1e3);
       if (trace::enabled()) {
         trace::Record(trace::Event::d2h)
             .hex("va", slot_va)

@@ -30,11 +30,19 @@ namespace vaswap::plan {
 
 // The copy and remap model: bandwidths in GB/s (1e9 bytes per second), the map-and-unmap cost of
 // one region in microseconds, and where the numbers came from ("measured" or "given").
+// `remap_us` is the copy test's (a map on an idle device, the best of three) or the policy's; the
+// schedule allows a margin on it. `remap_seen_us` is what this run's own maps and unmaps have
+// cost (DeviceCosts, a high quantile; 0: too few seen): beside the run's copies they are slower,
+// and where that exceeds the margin it is what the schedule allows. The `_seen_gbps` figures are
+// the run's own copies' (a high quantile; 0: too few seen): the planner takes the link's speed
+// as the larger of them and the copy test's, and the schedule reads only h2d_gbps and d2h_gbps.
 struct Model {
   double h2d_gbps = 0;
   double d2h_gbps = 0;
   double remap_us = 0;
   std::string source;
+  double remap_seen_us = 0;
+  double h2d_seen_gbps = 0, d2h_seen_gbps = 0;
 
   double h2d_us(uint64_t bytes) const { return static_cast<double>(bytes) / (h2d_gbps * 1e3); }
   double d2h_us(uint64_t bytes) const { return static_cast<double>(bytes) / (d2h_gbps * 1e3); }
@@ -70,6 +78,9 @@ struct Window {
   double d2h_us = 0, h2d_us = 0;       // the model's copy times, link waits included
   double freed_us = 0;                 // how long the pages are away
   double exposed_us = 0;               // restore time the window cannot hide
+  // Kept though every position it keeps away would be within the budget without it: its release
+  // is the room another window's restore maps into, which without it would wait and show more.
+  bool for_room = false;
 };
 
 struct Plan {

@@ -665,6 +665,7 @@ void Engine::pages_released(const SlotFacts& slot, const PageTimes& times, uint6
   bytes_mapped_.fetch_sub(slot.mapped_bytes);
   note_memory();
   releases_.fetch_add(1);
+  device_costs_.unmapped(slot.device, times.unmap_us + times.release_us);
   if (!trace::enabled()) return;
   trace::Record record(trace::Event::release);
   record.at(start_ns)
@@ -684,6 +685,7 @@ void Engine::pages_mapped(const SlotFacts& slot, const PageTimes& times, uint64_
   bytes_mapped_.fetch_add(slot.mapped_bytes);
   note_memory();
   remaps_done_.fetch_add(1);
+  device_costs_.mapped(slot.device, times.create_us + times.map_us + times.access_us);
   if (!trace::enabled()) return;
   trace::Record record(trace::Event::remap);
   record.at(start_ns)

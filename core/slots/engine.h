@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/driver.h"
+#include "slots/device_costs.h"
 #include "slots/host_pool.h"
 #include "slots/worker.h"
 #include "vaswap/vaswap.h"
@@ -232,8 +233,10 @@ class Engine {
   // given for now; a slot whose pages are away gets it at its next map.
   uint64_t grant_device_access(int owner, int accessor);
   // Counts a copy residency made (the engine's stats and its peaks).
-  void count_copy(bool d2h, uint64_t bytes) {
+  // A copy residency made, of `bytes` in `us` on the device's clock (0: not timed).
+  void count_copy(int device, bool d2h, uint64_t bytes, double us) {
     (d2h ? bytes_offloaded_ : bytes_restored_).fetch_add(bytes);
+    device_costs_.copied(device, d2h, bytes, us);
   }
   const Driver& driver() const { return driver_; }
 
@@ -254,6 +257,8 @@ class Engine {
   uint64_t slot_bytes() const { return bytes_reserved_.load(std::memory_order_relaxed); }
   uint64_t trim_spares(int ordinal, uint64_t keep);
   vaswap_stats stats();
+  // What this process's maps and unmaps have cost, per device (the planner's model reads it).
+  const DeviceCosts& device_costs() const { return device_costs_; }
   // Device memory as the driver reports it (cuMemGetInfo), read after every map and unmap of a
   // slot's pages and by the planner's sampler: the most in use, and the most in use plus the
   // slot pages released at that moment (what the program would have held without vaswap).
@@ -340,6 +345,7 @@ class Engine {
   std::atomic<uint64_t> bytes_reserved_{0};  // mapped_bytes of every live slot
   std::atomic<uint64_t> reuse_limit_{0};     // vaswap_set_page_reuse, per device
   std::atomic<uint64_t> peak_used_{0}, peak_without_{0};
+  DeviceCosts device_costs_;
 };
 
 // The process's engine, created on first use. Throws VASWAP_ERROR_UNAVAILABLE when the CUDA

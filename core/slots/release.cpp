@@ -143,6 +143,7 @@ void Engine::run_release(ReleaseJob& job) {
       driver_.cuEventElapsedTime(&copy_ms, job.copy_events[i], job.copy_events[i + 1]);
       const SlotFacts* slot = &job.facts[i];
       bytes_offloaded_.fetch_add(slot->bytes);
+      device_costs_.copied(slot->device, true, slot->bytes, static_cast<double>(copy_ms) * 1e3);
       if (trace::enabled()) {
         const auto back_ns = static_cast<uint64_t>(std::max(0.0f, total_ms - offset_ms) * 1e6f);
         trace::Record(trace::Event::d2h)

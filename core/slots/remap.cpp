@@ -321,6 +321,8 @@ void Engine::collect_copies(const CopiesDone& done) {
     driver_.cuEventElapsedTime(&copy_ms, entry.start, entry.end);
     driver_.cuEventElapsedTime(&to_end_ms, entry.start, last.end);
     bytes_restored_.fetch_add(entry.bytes);
+    device_costs_.copied(batch.device->ordinal, false, entry.bytes,
+                         static_cast<double>(copy_ms) * 1e3);
     if (trace::enabled()) {
       const auto back_ns = static_cast<uint64_t>(std::max(0.0f, to_end_ms) * 1e6f);
       trace::Record(trace::Event::h2d)
