@@ -34,11 +34,17 @@ CUevent record_on(const Driver& driver, CUstream stream) {
 void drop_events(std::vector<Seen>& seen) {
   const Driver& driver = *load_driver(nullptr);
   for (Seen& s : seen) {
-    for (CUevent event : {s.start, s.end}) {
+    for (CUevent event : {s.start, s.end, s.asked}) {
       if (event != nullptr) driver.cuEventDestroy(event);
     }
-    s.start = s.end = nullptr;
+    s.start = s.end = s.asked = nullptr;
   }
+}
+
+void Learner::ask(CUstream stream) {
+  const Driver& driver = *load_driver(nullptr);
+  if (asked_ != nullptr) driver.cuEventDestroy(asked_);  // the launch it was for never came
+  asked_ = record_on(driver, stream);
 }
 
 int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots,
@@ -46,6 +52,8 @@ int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>
   Seen s;
   s.exec = exec;
   s.uses = slots;
+  s.asked = asked_;
+  asked_ = nullptr;
   s.start = record_on(*load_driver(nullptr), stream);
   seen_.push_back(std::move(s));
   std::vector<CUgraphExec> keys;
@@ -98,7 +106,7 @@ std::shared_ptr<Learned> Learner::take(int period, int repeats) {
   learned->device = learned->regions.empty() ? 0 : learned->regions[0]->device;
   for (size_t i = first; i < n; ++i) {
     learned->window.push_back(seen_[i]);
-    seen_[i].start = seen_[i].end = nullptr;  // the window owns these events now
+    seen_[i].start = seen_[i].end = seen_[i].asked = nullptr;  // the window owns these now
   }
   clear();
   return learned;
@@ -115,6 +123,8 @@ void Learner::forget(Slot* slot) {
 void Learner::clear() {
   drop_events(seen_);
   seen_.clear();
+  if (asked_ != nullptr) load_driver(nullptr)->cuEventDestroy(asked_);
+  asked_ = nullptr;
 }
 
 void learned_times(Learned& learned) {
@@ -122,13 +132,22 @@ void learned_times(Learned& learned) {
   const size_t period = learned.window.size() - 1;
   driver.cuEventSynchronize(learned.window.back().start);
   const CUevent origin = learned.window[0].start;
+  // The waits before positions 1..period (position 0's comes before the origin).
+  const auto parked = [&](const Seen& s) {
+    return s.asked != nullptr ? std::max(0.0, elapsed_us(driver, s.asked, s.start)) : 0.0;
+  };
+  double shift = 0;
   for (size_t i = 0; i < period; ++i) {
     const Seen& s = learned.window[i];
-    learned.period.start_us.push_back(elapsed_us(driver, origin, s.start));
+    if (i > 0) shift += parked(s);
+    learned.period.start_us.push_back(elapsed_us(driver, origin, s.start) - shift);
     const CUevent end = s.end != nullptr ? s.end : learned.window[i + 1].start;
-    learned.period.end_us.push_back(elapsed_us(driver, origin, end));
+    const double end_shift = s.end != nullptr ? shift : shift + parked(learned.window[i + 1]);
+    learned.period.end_us.push_back(elapsed_us(driver, origin, end) - end_shift);
   }
-  learned.period.length_us = elapsed_us(driver, origin, learned.window.back().start);
+  shift += parked(learned.window.back());
+  learned.parked_us = shift;
+  learned.period.length_us = elapsed_us(driver, origin, learned.window.back().start) - shift;
   drop_events(learned.window);
 }
 

@@ -27,6 +27,9 @@ struct Seen {
   CUgraphExec exec = nullptr;
   std::vector<Slot*> uses;
   CUevent start = nullptr, end = nullptr;  // around the launch, on its stream
+  // Before vaswap's waits for the launch's slots: from it to `start` the stream waited for
+  // learning's own restores and room, which the plan's steady state does not.
+  CUevent asked = nullptr;
 };
 
 // The period learning found. `window` is the last complete period and the launch that began the
@@ -38,6 +41,7 @@ struct Learned {
   std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
   std::vector<uint64_t> ids;   // index -> the slot's id (likewise: for the trace)
   plan::Period period;         // uses per position (the union over the periods observed)
+  double parked_us = 0;        // learning's waits taken out of the period's times
 };
 
 class Learner {
@@ -47,6 +51,9 @@ class Learner {
   Learner& operator=(const Learner&) = delete;
   ~Learner() { clear(); }
 
+  // Before vaswap waits for the next launch's slots on `stream`: an event that observe() gives
+  // that launch, so that the time the stream then waits is not counted in the period's times.
+  void ask(CUstream stream);
   // A graph launch on `stream` (enqueued next) that uses `slots`: a timing event is recorded on
   // the stream before it. Returns the period once the launches repeat `repeats` times with it
   // (then take() hands it over), else 0.
@@ -66,10 +73,14 @@ class Learner {
 
  private:
   std::vector<Seen> seen_;
+  CUevent asked_ = nullptr;  // ask()'s, until observe() takes it
 };
 
 // On the planning worker: the period's timing on the device's clock (it waits for the last
-// launch's start event), into learned.period; then the window's events are destroyed.
+// launch's start event), into learned.period, without the time streams waited for vaswap before
+// each launch while learning (learning restores on demand; the plan's restores are ahead): each
+// position is moved earlier by the waits before it, and the period is shortened by all of them
+// (learned.parked_us). Then the window's events are destroyed.
 void learned_times(Learned& learned);
 
 // Destroys the launches' timing events.

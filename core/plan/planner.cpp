@@ -456,6 +456,7 @@ void Planner::plan(Learned& learned, uint64_t generation) {
         .add("device", part.device)
         .add("period", static_cast<uint64_t>(period))
         .add("period_us", learned.period.length_us)
+        .add("learned_parked_us", learned.parked_us)
         .add("regions", static_cast<uint64_t>(part.regions))
         .add("region_bytes", part.region_bytes)
         .add("budget", part.budget.target)
@@ -535,6 +536,7 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
     }
     if (found < 0) {
       learn("a graph the plan does not know was launched");
+      learner_.ask(stream);
       Ticket ticket = acquire(lock, slots, stream, what, "learning");
       if (ticket.result == CUDA_SUCCESS && phase_ == Phase::learning) observe(exec, stream, slots);
       return ticket;
@@ -589,6 +591,7 @@ Ticket Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stre
         break;
       }
       case Phase::learning:
+        learner_.ask(stream);
         ticket = acquire(lock, slots, stream, what, "learning");
         if (ticket.result == CUDA_SUCCESS && phase_ == Phase::learning) {
           observe(exec, stream, slots);

@@ -606,9 +606,9 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   // of its copies in the step; restores issued later show part of theirs instead. So the same
   // choice is made again with every restore prefetch_distance ahead, and the set that leaves
   // least over the budget, then shows least, is taken. (On the H200, the per-layer PyTorch job at
-  // 2816 MiB with learned times free of learning's waits planned 192-352 MiB short and ran
-  // +25.7%, against +19.2% for plans within the budget: bench/results/
-  // overhead_torch_layers_session40_*_2816MiB_h200.md.)
+  // 2816 MiB planned 192-352 MiB short without it and ran +25.7%, against +19.2% for the library
+  // before; with it, within the budget, +20.5% against +19.1%: bench/results/
+  // overhead_torch_layers_session40_*2816MiB_h200.md.)
   if (tried[best_tried()].worst() > 0) try_ways(true);
   const size_t best = best_tried();
   const Selection& chosen = tried[best];
