@@ -127,27 +127,38 @@ void Learner::clear() {
   asked_ = nullptr;
 }
 
+double period_without_waits(const std::vector<LaunchClock>& window, plan::Period* period) {
+  const size_t n = window.size() - 1;
+  // The waits before positions 1..n (position 0's comes before the origin) move each position
+  // earlier by all those before and at it; a position without an end event ends where the next
+  // begins, before that one's wait.
+  double shift = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const LaunchClock& at = window[i];
+    if (i > 0) shift += at.waited_us;
+    period->start_us.push_back(at.start_us - shift);
+    period->end_us.push_back(at.end_us >= 0
+                                 ? at.end_us - shift
+                                 : window[i + 1].start_us - shift - window[i + 1].waited_us);
+  }
+  shift += window[n].waited_us;
+  period->length_us = window[n].start_us - shift;
+  return shift;
+}
+
 void learned_times(Learned& learned) {
   const Driver& driver = *load_driver(nullptr);
-  const size_t period = learned.window.size() - 1;
   driver.cuEventSynchronize(learned.window.back().start);
   const CUevent origin = learned.window[0].start;
-  // The waits before positions 1..period (position 0's comes before the origin).
-  const auto parked = [&](const Seen& s) {
-    return s.asked != nullptr ? std::max(0.0, elapsed_us(driver, s.asked, s.start)) : 0.0;
-  };
-  double shift = 0;
-  for (size_t i = 0; i < period; ++i) {
-    const Seen& s = learned.window[i];
-    if (i > 0) shift += parked(s);
-    learned.period.start_us.push_back(elapsed_us(driver, origin, s.start) - shift);
-    const CUevent end = s.end != nullptr ? s.end : learned.window[i + 1].start;
-    const double end_shift = s.end != nullptr ? shift : shift + parked(learned.window[i + 1]);
-    learned.period.end_us.push_back(elapsed_us(driver, origin, end) - end_shift);
+  std::vector<LaunchClock> clock;
+  for (const Seen& s : learned.window) {
+    LaunchClock c;
+    if (s.asked != nullptr) c.waited_us = std::max(0.0, elapsed_us(driver, s.asked, s.start));
+    c.start_us = elapsed_us(driver, origin, s.start);
+    if (s.end != nullptr) c.end_us = elapsed_us(driver, origin, s.end);
+    clock.push_back(c);
   }
-  shift += parked(learned.window.back());
-  learned.parked_us = shift;
-  learned.period.length_us = elapsed_us(driver, origin, learned.window.back().start) - shift;
+  learned.parked_us = period_without_waits(clock, &learned.period);
   drop_events(learned.window);
 }
 

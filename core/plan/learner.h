@@ -83,6 +83,19 @@ class Learner {
 // (learned.parked_us). Then the window's events are destroyed.
 void learned_times(Learned& learned);
 
+// One learned launch on the device's clock, in microseconds from the first launch's start: the
+// time its stream waited for vaswap before it (0: none recorded), its start, and its end (< 0:
+// no end event; the next launch's start, before that one's wait, stands for it).
+struct LaunchClock {
+  double waited_us = 0;
+  double start_us = 0;
+  double end_us = -1;
+};
+// learned_times()'s arithmetic: `window` is a period and the launch that began the next; the
+// period's start_us, end_us and length_us go into `period`, without the waits. Returns the waits
+// taken out.
+double period_without_waits(const std::vector<LaunchClock>& window, plan::Period* period);
+
 // Destroys the launches' timing events.
 void drop_events(std::vector<Seen>& seen);
 
