@@ -41,10 +41,17 @@ void drop_events(std::vector<Seen>& seen) {
   }
 }
 
-void Learner::ask(CUstream stream) {
+void Learner::ask(CUstream stream) noexcept {
   const Driver& driver = *load_driver(nullptr);
   if (asked_ != nullptr) driver.cuEventDestroy(asked_);  // the launch it was for never came
-  asked_ = record_on(driver, stream);
+  // Made before the launch's slots are made resident: a failure here must not keep them from it
+  // (the launch would run on unmapped pages). Without the event, that launch's wait stays in the
+  // learned times, as it did before they were taken out.
+  try {
+    asked_ = record_on(driver, stream);
+  } catch (const Error&) {
+    asked_ = nullptr;
+  }
 }
 
 int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots,

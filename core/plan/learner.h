@@ -53,7 +53,8 @@ class Learner {
 
   // Before vaswap waits for the next launch's slots on `stream`: an event that observe() gives
   // that launch, so that the time the stream then waits is not counted in the period's times.
-  void ask(CUstream stream);
+  // Never throws: where the event cannot be made or recorded, the launch has none.
+  void ask(CUstream stream) noexcept;
   // A graph launch on `stream` (enqueued next) that uses `slots`: a timing event is recorded on
   // the stream before it. Returns the period once the launches repeat `repeats` times with it
   // (then take() hands it over), else 0.
