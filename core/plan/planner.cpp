@@ -487,6 +487,7 @@ void Planner::plan(Learned& learned, uint64_t generation) {
         .add("h2d_us", w.h2d_us)
         .add("freed_us", w.freed_us)
         .add("exposed_us", w.exposed_us)
+        .add("for_room", w.for_room)
         .emit();
   }
 }

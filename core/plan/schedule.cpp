@@ -328,6 +328,9 @@ class Chooser {
 
   const std::vector<Candidate>& taken() const { return taken_; }
   void keep_for_room(size_t i) { taken_[i].window.for_room = true; }
+  void forget_for_room() {
+    for (Candidate& c : taken_) c.window.for_room = false;
+  }
 
   // Takes the i-th window back: the links keep only the others' copies.
   void drop(size_t i) {
@@ -401,6 +404,9 @@ void prune(Selection& s) {
   const int n = static_cast<int>(s.over.size());
   for (bool dropped = true; dropped;) {
     dropped = false;
+    // Marked again on each pass: after a drop, a window kept for another's room may be needed for
+    // the budget itself, and only the last pass (which drops nothing) says which are which.
+    s.chooser.forget_for_room();
     const std::vector<Candidate>& taken = s.chooser.taken();
     std::vector<size_t> order(taken.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -557,6 +563,7 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
       if (list.empty() || list.back() != i) list.push_back(i);
     }
   }
+  for (const auto& list : uses) plan.candidates += list.size();  // one per gap
   // Every window's candidate with the restore issued as the model says it must be to hide its
   // room, map and copy (or `shortest_leads`: prefetch_distance ahead), sorted: those the link
   // hides alone before those it cannot; among each, the most pages away for the longest first.
@@ -569,7 +576,6 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
         const int u = list[k];
         const int v = k + 1 < list.size() ? list[k + 1] : list[0] + n;
         Candidate c = first.evaluate(static_cast<int>(r), u, v);
-        if (!shortest_leads) ++plan.candidates;
         if (c.window.freed_us > 0) candidates.push_back(c);
       }
     }

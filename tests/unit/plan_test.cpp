@@ -390,9 +390,11 @@ TEST(Choose, NoPlanKeepsAWindowTheBudgetDoesNotNeed) {
         return resident[static_cast<size_t>(q)] + pages > static_cast<int64_t>(budget_pages);
       });
       if (!needed) ++for_room;
-      // A window the budget does not need is kept only as another restore's room.
-      EXPECT_TRUE(needed || w.for_room) << "trial " << trial << ": region " << w.region << " away "
-                                        << w.release_at << ".." << w.restore_at << " is not needed";
+      // A window the budget does not need is kept only as another restore's room, and the flag
+      // says which: one the budget needs is never marked, though an earlier prune pass may have.
+      EXPECT_EQ(needed, !w.for_room)
+          << "trial " << trial << ": region " << w.region << " away " << w.release_at << ".."
+          << w.restore_at << (needed ? " is needed but marked for room" : " is not needed");
     }
   }
   EXPECT_GT(met, 150);  // the shapes must give plans to check
