@@ -15,6 +15,13 @@
         count, median and 90th percentile, and the figure the planner's model takes at the first
         plan (remap_seen_us: the 90th percentile of the last 128 maps plus that of the last 128
         unmaps before it, nearest rank).
+
+    python3 bench/trace_vmm_medians.py --beside-copies TRACE.jsonl[.gz]...
+        Per trace, a Markdown row: each remap's cuMemSetAccess time (access_us) by what vaswap's
+        copies were doing when it began: a D2H in flight, an H2D only, or neither (count, median,
+        90th percentile; a copy counts when it began within 50 us after the remap's start or
+        before it, and ended after it). On the H200 the call waits about 0.74 ms whenever a D2H
+        runs (bench/results/access_beside_copy_h200.md).
 """
 import argparse
 import gzip
@@ -95,14 +102,39 @@ def by_phase(paths):
         print(row(path))
 
 
+def beside_copies(paths):
+    print("| trace | remaps beside a D2H: n, median, p90 access us | beside an H2D only | "
+          "beside no copy |")
+    print("|---|---|---|---|")
+    for path in paths:
+        events = load(path)
+        spans = {way: [(e["t_ns"], e["t_ns"] + e["dur_us"] * 1e3) for e in events
+                       if e["ev"] == way and e.get("dur_us")] for way in ("d2h", "h2d")}
+        groups = {"d2h": [], "h2d": [], "none": []}
+        for e in events:
+            if e["ev"] != "remap" or "access_us" not in e:
+                continue
+            t = e["t_ns"]
+            in_flight = {way: any(s <= t + 50e3 and t < f for s, f in spans[way])
+                         for way in spans}
+            key = "d2h" if in_flight["d2h"] else "h2d" if in_flight["h2d"] else "none"
+            groups[key].append(e["access_us"])
+        name = path.rsplit("/", 1)[-1]
+        print(f"| {name} | " + " | ".join(cells(groups[k]) for k in ("d2h", "h2d", "none")) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--by-phase", action="store_true",
                         help="a row per trace: learning's and the plan's maps, unmaps and copies")
+    parser.add_argument("--beside-copies", action="store_true",
+                        help="a row per trace: cuMemSetAccess beside a D2H, an H2D, or neither")
     parser.add_argument("traces", nargs="+")
     args = parser.parse_args()
     if args.by_phase:
         by_phase(args.traces)
+    elif args.beside_copies:
+        beside_copies(args.traces)
     else:
         for path in args.traces:
             medians(path)

@@ -27,17 +27,9 @@
 #include <utility>
 #include <vector>
 
-namespace {
+#include "cuda_check.h"
 
-#define CK(expr)                                                               \
-  do {                                                                         \
-    const auto rc_ = (expr);                                                   \
-    if (static_cast<int>(rc_) != 0) {                                          \
-      std::fprintf(stderr, "%s:%d %s failed: %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(rc_));                                     \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+namespace {
 
 constexpr size_t kCopy = size_t{2} << 30;
 constexpr size_t kHandle = size_t{256} << 20;
@@ -113,11 +105,8 @@ int main() {
   CUcontext ctx = nullptr;
   CK(cuCtxGetCurrent(&ctx));
   Vmm v;
-  v.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  v.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  v.prop.location.id = 0;
-  v.access.location = v.prop.location;
-  v.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  v.prop = device_pages(0);
+  v.access = read_write(v.prop);
   CK(cuMemAddressReserve(&v.va, kHandle, 0, 0, 0));
   CK(cuMemCreate(&v.kept, kHandle, &v.prop, 0));
 
