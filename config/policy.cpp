@@ -306,6 +306,13 @@ const Key kSchema[] = {
      return true; },
    [](const Policy& p) {
      return std::string(p.handshake == Handshake::automatic ? "auto" : p.handshake == Handshake::device ? "device" : "host"); }},
+  {"residency.d2h_gate", "bool", "true or false", "false",
+   "Device handshake only: while a restore waits for room that an eviction's copy already "
+   "running will free, the evictions' copies not yet begun wait on the device until it has "
+   "mapped (at most 4 ms), so that its cuMemSetAccess does not wait behind a D2H (0.74 ms on "
+   "the H200, docs/PERFORMANCE.md fact 6). Experimental: not yet measured on a GPU.",
+   [](Policy& p, const std::string& v) { return parse_bool(v, &p.d2h_gate); },
+   [](const Policy& p) { return std::string(p.d2h_gate ? "true" : "false"); }},
   {"residency.wait_limit", "duration >= 100ms", "a duration of at least 100ms, such as 60s", "60s",
    "The longest any wait of vaswap's may last (a restore's copy, an eviction's last use, room in "
    "the budget). Past it the wait is a named error and the process ends: never a silent hang.",

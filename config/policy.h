@@ -50,6 +50,7 @@ struct Policy {
   uint64_t residency_reserve = 0;  // 0: auto
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
+  bool d2h_gate = false;
   // offload inside one graph (rewritten graphs)
   Inside inside = Inside::auto_;
   int inside_lead = 8;

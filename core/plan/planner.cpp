@@ -695,6 +695,7 @@ void configure(const Policy& policy,
                        : policy.handshake == Handshake::host ? residency::Handshake::host
                                                              : residency::Handshake::automatic;
   settings.wait_limit_ns = policy.wait_limit_ns;
+  settings.d2h_gate = policy.d2h_gate;
   settings.host_limit_bytes = policy.host_pool_limit;
   residency::configure(settings);
   inside::Settings in;

@@ -36,6 +36,11 @@ namespace vaswap::residency {
 namespace {
 
 constexpr size_t kFlagsPerChunk = 1024;
+// residency.d2h_gate: the longest the mover holds evictions' D2Hs back for one restore's map. A
+// restore whose room needs more than the D2Hs already running would otherwise wait for copies the
+// gate holds; past this it lowers the gate and lets them run (a 128 MiB D2H takes 2.4 ms on the
+// H200).
+constexpr uint64_t kGateLimitNs = 4000000;
 // Device handshake: at most this many streams for evictions' D2H copies per device.
 constexpr size_t kAheadStreams = 16;
 // How long an eager copy's thread waits for parked streams before it makes the copy's graph, and
@@ -374,6 +379,11 @@ struct Device {
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
   uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
+  // residency.d2h_gate: a flag every eviction's D2H enqueued ahead waits on to be 0. The mover
+  // raises it while a restore waits for room that a D2H already running will free, and lowers it
+  // once that restore has mapped, or after kGateLimitNs (see do_restore).
+  Flag gate;
+  std::atomic<uint64_t> gate_since{0};  // when it was raised (trace::now_ns); 0: down
 };
 
 // An eviction's timing events go back to the device's spares (under the state lock). One that
@@ -523,6 +533,12 @@ class Residency {
   // On an application thread, under submit_ and not mutex_.
   Device& device(int ordinal);
   void start_device(Device& d);
+  class GateHold;
+  bool d2h_running(Device& d);
+  bool raise_gate(Device& d);
+  void lower_gate(Device& d, bool at_limit);
+  void lower_gates_locked();
+  void run_gatekeeper();
   Flag take_flag(Device& d);
   StreamKey key_of(CUstream stream);
   Marks& marks_of(const StreamKey& key);
@@ -626,6 +642,9 @@ class Residency {
   // Threads in settle(), waiting for no stream to be parked: meanwhile restores park nothing new
   // (they take the host path), so that the parks drain even while other threads keep launching.
   int settling_ = 0;
+  // residency.d2h_gate (raise_gate): atomics, so that the gatekeeper takes no lock.
+  std::atomic<uint64_t> gate_raises_{0}, gate_timeouts_{0}, gate_ns_{0};
+  std::once_flag gatekeeper_;
   bool watching_ = false;  // the watchdog runs (started with the first wait on a flag)
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
@@ -760,6 +779,10 @@ void Residency::start_device(Device& d) {
     if (rc == CUDA_SUCCESS) {
       d.device_handshake = true;
       parks_.store(true, std::memory_order_release);
+      if (s.d2h_gate) {
+        d.gate = take_flag(d);
+        d.gate.store(0);
+      }
     } else {
       fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
                  cuda_error_name(rc) + ")";
@@ -786,6 +809,7 @@ void Residency::start_device(Device& d) {
         .add("reserve", d.reserve)
         .add("total", d.total)
         .add("handshake", d.device_handshake ? "device" : "host")
+        .add("d2h_gate", d.gate.host != nullptr)
         .add("why", fallback)
         .emit();
   }
@@ -1393,6 +1417,12 @@ bool Residency::evict_ahead(Device& d, Job& job) {
   };
   for (const MarkRef& m : job.waits) wait_for(m->event.load(std::memory_order_acquire));
   if (after != nullptr) wait_for(after);
+  if (d.gate.host != nullptr) {
+    // residency.d2h_gate: not while the mover maps into room a D2H before this one frees.
+    const CUresult gated = with_retries(
+        [&] { return driver.cuStreamWaitValue32(out, d.gate.device, 0, CU_STREAM_WAIT_VALUE_EQ); });
+    if (gated != CUDA_SUCCESS) die(cuda_failure("cuStreamWaitValue32", gated, subject));
+  }
   job.start = spare_event(d);
   job.done = spare_event(d);
   job.out = out;
@@ -1491,6 +1521,7 @@ bool Residency::try_quiet() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (any_parked_locked()) return false;
   ++settling_;
+  lower_gates_locked();
   return true;
 }
 
@@ -2504,6 +2535,7 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold,
       if (counted) return;
       std::lock_guard<std::mutex> lock(r.mutex_);
       ++r.settling_;
+      r.lower_gates_locked();  // first-time work waits for every parked stream, these too
       counted = true;
     }
     ~Settling() {
@@ -2544,6 +2576,9 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold,
 Stats Residency::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
+  s.d2h_gate_raises = gate_raises_.load();
+  s.d2h_gate_timeouts = gate_timeouts_.load();
+  s.d2h_gate_us = static_cast<double>(gate_ns_.load()) / 1e3;
   for (const auto& [ordinal, d] : devices_) {
     s.budget_bytes = budget_locked(*d).limit;
     break;
@@ -2873,7 +2908,110 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
   return false;
 }
 
+// residency.d2h_gate: while a restore waits for room, the evictions' D2Hs not yet begun wait on
+// the device (evict_ahead) until it has mapped, so that its cuMemSetAccess does not wait behind
+// one (docs/PERFORMANCE.md, fact 6). Raised once per restore, only while a D2H has begun and not
+// ended (its room is on its way), never while first-time work settles (such work waits for every
+// parked stream, on the H200 as in the simulator, and the map waits for it). Lowered once the
+// restore has mapped, when it gives up, when first-time work begins to settle, and by the
+// gatekeeper after kGateLimitNs: a restore whose room needs copies the gate holds, or a map that
+// waits for a thread that waits for the parked copies, goes on then.
+class Residency::GateHold {
+ public:
+  GateHold(Residency& r, Device& d) : r_(r), d_(d) {}
+  GateHold(const GateHold&) = delete;
+  GateHold& operator=(const GateHold&) = delete;
+  ~GateHold() { lower(); }
+
+  bool up() const { return raised_ && d_.gate_since.load() != 0; }
+  // Called while the restore waits for room.
+  void consider() {
+    if (d_.gate.host == nullptr || raised_ || !r_.d2h_running(d_)) return;
+    raised_ = r_.raise_gate(d_);
+  }
+  void lower() {
+    if (raised_) r_.lower_gate(d_, false);
+  }
+
+ private:
+  Residency& r_;
+  Device& d_;
+  bool raised_ = false;
+};
+
+bool Residency::raise_gate(Device& d) {
+  std::call_once(gatekeeper_, [this] { std::thread([this] { run_gatekeeper(); }).detach(); });
+  std::lock_guard<std::mutex> lock(mutex_);  // against settle's count: never up while it settles
+  if (settling_ > 0) return false;
+  d.gate_since.store(trace::now_ns());
+  d.gate.store(1);
+  gate_raises_.fetch_add(1);
+  return true;
+}
+
+// No lock: the gatekeeper calls it while a thread may hold the residency lock and wait, in the
+// driver, for the streams the gate parks.
+void Residency::lower_gate(Device& d, bool at_limit) {
+  const uint64_t since = d.gate_since.exchange(0);
+  if (since == 0) return;  // down already
+  d.gate.store(0);
+  gate_ns_.fetch_add(trace::now_ns() - since);
+  if (at_limit) gate_timeouts_.fetch_add(1);
+}
+
+void Residency::lower_gates_locked() {
+  for (auto& [ordinal, d] : devices_) lower_gate(*d, false);
+}
+
+// Lowers every gate up for longer than kGateLimitNs (started at the first raise; devices are never
+// removed). It makes no driver call and takes no lock it would wait for.
+void Residency::run_gatekeeper() {
+  pthread_setname_np(pthread_self(), "vaswap-gate");
+  std::vector<Device*> devices;
+  bool any_up = true;
+  for (;;) {
+    // Every 0.5 ms while a gate is up, every 2 ms otherwise: a gate comes down within 6 ms.
+    std::this_thread::sleep_for(std::chrono::microseconds(any_up ? 500 : 2000));
+    {
+      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        devices.clear();
+        for (auto& [ordinal, d] : devices_) devices.push_back(d.get());
+      }
+    }
+    const uint64_t now = trace::now_ns();
+    any_up = false;
+    for (Device* d : devices) {
+      const uint64_t since = d->gate_since.load();
+      if (since != 0 && now - since > kGateLimitNs) {
+        lower_gate(*d, true);
+      } else if (since != 0) {
+        any_up = true;
+      }
+    }
+  }
+}
+
+// An eviction's D2H has begun on the device (its start event, recorded after the gate's wait, has
+// completed) and not ended.
+bool Residency::d2h_running(Device& d) {
+  std::vector<std::pair<CUevent, CUevent>> copies;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Unmap& u : d.unmaps) {
+      if (u.submitted && u.start != nullptr && u.done != nullptr)
+        copies.emplace_back(u.start, u.done);
+    }
+  }
+  const Driver& driver = drv();
+  return std::any_of(copies.begin(), copies.end(), [&driver](const auto& copy) {
+    return driver.cuEventQuery(copy.first) == CUDA_SUCCESS &&
+           driver.cuEventQuery(copy.second) == CUDA_ERROR_NOT_READY;
+  });
+}
+
 void Residency::do_restore(Device& d, const Job& job) {
+  GateHold gate(*this, d);
   Slot* slot = nullptr;
   void* host = nullptr;
   Flag flag;
@@ -2974,6 +3112,7 @@ void Residency::do_restore(Device& d, const Job& job) {
       try {
         engine().back(slot, BatchTiming{job.slot, 0, trace::us_since(job.decided_ns)},
                       /*report=*/false);
+        gate.lower();
         break;
       } catch (const Error& error) {
         failure = error.what();
@@ -2993,10 +3132,16 @@ void Residency::do_restore(Device& d, const Job& job) {
           (failure.empty() ? std::string(", the budget full") : ": " + failure) +
           "). Its data is safe in pinned host memory, but the launch waiting for it cannot run");
     }
-    relief_failed = !relieve(d, job.slot);
+    // While the gate is up, the room comes from a D2H already running: relief would set going
+    // copies the gate holds, or make copy graphs, which wait for every parked stream.
+    relief_failed = gate.up() || !relieve(d, job.slot);
     if (relief_failed) {
+      gate.consider();
+      // With the gate up, every millisecond: it comes down within kGateLimitNs.
+      const auto backoff = std::chrono::microseconds(
+          gate.up() ? 1000 : 1000 * std::min(1 << std::min(attempt, 6), 64));
       std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait_for(lock, std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 64)));
+      changed_.wait_for(lock, backoff);
     }
   }
   CUresult rc = CUDA_SUCCESS;

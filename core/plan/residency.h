@@ -49,6 +49,7 @@ struct Settings {
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   uint64_t host_limit_bytes = 0;  // pinned host memory for evicted slots; 0: no limit
+  bool d2h_gate = false;          // residency.d2h_gate (device handshake only)
 };
 
 // Called once, at start.
@@ -212,6 +213,9 @@ struct Stats {
   double settle_wait_us = 0;
   uint64_t budget_overshoots = 0;   // device handshake: restores mapped beyond a size budget, with
                                     // what would make room queued on the device behind them
+  uint64_t d2h_gate_raises = 0;     // residency.d2h_gate: restores that held D2Hs back to map
+  uint64_t d2h_gate_timeouts = 0;   // of them, the gate came down at its limit, not at the map
+  double d2h_gate_us = 0;           // time the gate was up
   uint64_t host_path_restores = 0;  // device handshake: restores that took the host path (an
                                     // eviction they may count on could not be enqueued ahead, or
                                     // first-time work waited for parks to drain)

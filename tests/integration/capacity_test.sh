@@ -14,7 +14,9 @@
 #      CUDA array and batches of 3D copies (copy_forms_probe.cpp) bring theirs back as well.
 #   4. The handshakes: the host one where asked (residency.handshake=host), the same checksum;
 #      with CUDA_DEVICE_MAX_CONNECTIONS=1 the default falls back to it, says so once, and gives the
-#      same checksum; the device one asked for with one hardware queue is a named error.
+#      same checksum; the device one asked for with one hardware queue is a named error. With
+#      residency.d2h_gate, evictions' D2Hs wait on the device while a restore maps into room a
+#      running D2H frees: the same checksum, no gate past its limit.
 #   5. Two devices driven from one thread (--devices 2: 16 layers, 8 on each 100 MiB device, peer
 #      copies between them, every buffer a slot): without vaswap out of memory; under vaswap each
 #      device's slots are evicted and restored on that device, and a copy on one device's stream
@@ -180,6 +182,24 @@ grep -q "residency.handshake is device, but CUDA_DEVICE_MAX_CONNECTIONS=1" "$tmp
   fail "one_queue: no named error"
 echo "ok   the host handshake where asked, and by default with one hardware queue (said once):"
 echo "     same checksum; the device one asked for with one hardware queue: a named error"
+# The D2H gate (residency.d2h_gate): evictions' copies wait on the device while a restore maps
+# into room a running copy frees. The same checksum; restores held copies back, each gate came
+# down at its map rather than at its limit, and nothing mapped beyond the budget. Off by default:
+# the residency event says which.
+under 80MiB d2h_gate "$base,residency.handshake=device,residency.d2h_gate=true"
+summary d2h_gate '
+r = next(e for e in ev if e["ev"] == "residency")
+assert r["handshake"] == "device" and r["d2h_gate"] is True, r
+assert s["errors"] == 0 and s["budget_overshoots"] == 0, s
+assert s["d2h_gate_raises"] > 0, s
+assert s["d2h_gate_timeouts"] == 0, s
+assert s["d2h_gate_us"] > 0, s
+print("     %d restores held D2Hs back, %.1f ms in all" % (s["d2h_gate_raises"], s["d2h_gate_us"] / 1e3))
+'
+summary fits_100 '
+r = next(e for e in ev if e["ev"] == "residency")
+assert r["d2h_gate"] is False and s["d2h_gate_raises"] == 0, (r, s)
+'
 
 # 5. Two devices from one thread.
 want16=$("$demo" --quiet --steps 12 --layers 16)

@@ -12,6 +12,7 @@
 #   4. graphs and eager kernels on the legacy default stream, shared by every thread (as PyTorch
 #      replays graphs on the current stream), captures on each thread's own stream;
 #   5. the device handshake (residency.handshake=device): streams wait for restores on the device,
+#      (also with residency.d2h_gate, on one queue and many),
 #      also on a device where a waiting stream holds back every later operation (as the H200's did),
 #      so a slot used behind such a wait is not evicted for a restore queued ahead of it;
 #   5b. the same with a module loaded through the driver each round and its kernel looked up later
@@ -85,6 +86,22 @@ evictions device_handshake 24
 # here as there: evictions that never began, first-time work waiting out residency.wait_limit.
 VASWAP_SIM_SINGLE_QUEUE=1 extra_conf=",residency.handshake=device" under parks_hold_the_device 12MiB 24
 evictions parks_hold_the_device 24
+# The D2H gate (residency.d2h_gate): evictions' D2Hs wait on the device while a restore maps
+# into room a running D2H frees, here and where a waiting stream holds back all later work; the
+# gate comes down at the map or at its 4 ms limit, so neither may hang.
+for queue in 0 1; do
+  VASWAP_SIM_SINGLE_QUEUE=$queue extra_conf=",residency.handshake=device,residency.d2h_gate=true" \
+    under "d2h_gate_queue$queue" 12MiB 24
+  evictions "d2h_gate_queue$queue" 24
+  python3 - "$tmp/d2h_gate_queue$queue.jsonl" <<'PY' || fail "d2h_gate_queue$queue"
+import json, sys
+ev = [json.loads(line) for line in open(sys.argv[1])]
+r = next(e for e in ev if e["ev"] == "residency")
+s = next(e for e in ev if e["ev"] == "summary")
+assert r["d2h_gate"] is True, r
+print(f"     the gate up {s['d2h_gate_raises']} times ({s['d2h_gate_timeouts']} at its limit)")
+PY
+done
 # The same with 3D peer copies: there a restore that took the host path waited for room that only
 # an eviction decided after it would make, whose copy waited behind the parks of restores queued
 # behind it (about one run in 20 before 2026-12-02; a regression shows here now and then, not
