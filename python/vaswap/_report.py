@@ -482,7 +482,8 @@ def tables(runs):
 
 
 def handshake_lines(run):
-    """The device handshake's exit figures: first-time work that waited, restores on the host path."""
+    """The device handshake's exit figures: first-time work that waited, restores on the host path,
+    and the D2H gate where it was up."""
     final = run.of("summary")
     if not final or final[-1].get("handshake") != "device":
         return []
@@ -492,7 +493,11 @@ def handshake_lines(run):
             f"streams: {f.get('settle_waits', 0)} times, {f.get('settle_wait_us', 0) / 1e3:.1f} ms",
             f"- restores that took the host path: {f.get('host_path_restores', 0)}; host waits "
             f"for restores: {f.get('waits', 0)} ({f.get('wait_us', 0) / 1e3:.1f} ms); budget "
-            f"overshoots: {f.get('budget_overshoots', 0)}"]
+            f"overshoots: {f.get('budget_overshoots', 0)}"] + (
+        [f"- the D2H gate (residency.d2h_gate): up for {f['d2h_gate_raises']} restores, "
+         f"{f.get('d2h_gate_us', 0) / 1e3:.1f} ms in all; {f.get('d2h_gate_timeouts', 0)} came "
+         f"down at the 4 ms limit rather than at the map"]
+        if f.get("d2h_gate_raises") else [])
 
 
 def ending_lines(run, frames_shown=4):

@@ -232,6 +232,12 @@ def test_a_device_handshake_run_reports_its_settles_and_host_path_restores(tmp_p
             "3 times, 2.5 ms") in out.stdout
     assert ("restores that took the host path: 7; host waits for restores: 2 (1.5 ms); budget "
             "overshoots: 1") in out.stdout
+    assert "D2H gate" not in out.stdout  # never raised: no line
+    path.write_text("\n".join([lines[0], ev(10, "summary", slots=4, handshake="device",
+                                            d2h_gate_raises=5, d2h_gate_us=2400.0,
+                                            d2h_gate_timeouts=1), lines[2]]) + "\n")
+    assert ("the D2H gate (residency.d2h_gate): up for 5 restores, 2.4 ms in all; 1 came down at "
+            "the 4 ms limit rather than at the map") in report(path).stdout
     # The host handshake's runs have no such section.
     path.write_text("\n".join([lines[0], ev(10, "summary", slots=4, handshake="host"), lines[2]]) + "\n")
     assert "## Device handshake" not in report(path).stdout
