@@ -7,9 +7,11 @@
 // device pages runs on one stream while the host thread, every 200 us until the copy ends, maps a
 // handle at another address (cuMemMap), enables access to it (cuMemSetAccess) and unmaps it
 // (cuMemUnmap), each call timed. Beside: nothing, an H2D, a D2H as one copy, the same D2H in
-// pieces of 64, 16 and 4 MiB, and the D2H made by a kernel (its threads store to the pinned host
-// memory through its device pointer, 16 bytes each: no copy engine) with 16 and 132 blocks. The
-// handle is 128 MiB (a PyTorch pool segment's size) and, beside a D2H, also 2 MiB.
+// pieces of 64, 16 and 4 MiB, a D2H enqueued behind a wait-value that has not begun (as
+// residency.d2h_gate holds one; 40 calls, then the flag is written), and the D2H made by a kernel
+// (its threads store to the pinned host memory through its device pointer, 16 bytes each: no copy
+// engine) with 16 and 132 blocks. The handle is 128 MiB (a PyTorch pool segment's size) and, beside
+// a D2H, also 2 MiB.
 //
 // Table 2 asks what keeping maps away from D2Hs would cost the D2H side: 8 copies of 128 MiB one
 // after another (as one stream issues an eviction's burst), against the same with the host
@@ -62,7 +64,7 @@ __global__ void store_to_host(const uint4* __restrict__ src, uint4* __restrict__
   }
 }
 
-enum class Beside { nothing, h2d, d2h, kernel };
+enum class Beside { nothing, h2d, d2h, parked_d2h, kernel };
 
 struct Case {
   const char* name;
@@ -79,6 +81,8 @@ struct Probe {
   CUdeviceptr host_dev = 0;
   CUstream stream = nullptr;
   CUevent start = nullptr, end = nullptr;
+  uint32_t* flag = nullptr;  // pinned, for the parked case's wait-value
+  CUdeviceptr flag_dev = 0;
 };
 
 // One map, access and unmap of `handle` at `va`, timed.
@@ -118,6 +122,9 @@ int main() {
   CK(cuMemsetD8(p.big, 7, kCopy));
   CK(cuMemHostAlloc(&p.host, kCopy, CU_MEMHOSTALLOC_DEVICEMAP));
   CK(cuMemHostGetDevicePointer(&p.host_dev, p.host, 0));
+  CK(cuMemHostAlloc(reinterpret_cast<void**>(&p.flag), sizeof(uint32_t),
+                    CU_MEMHOSTALLOC_DEVICEMAP));
+  CK(cuMemHostGetDevicePointer(&p.flag_dev, p.flag, 0));
 
   // The handles mapped and unmapped beside it.
   constexpr size_t kLarge = 128 * kMiB, kSmall = 2 * kMiB;
@@ -139,6 +146,7 @@ int main() {
       {"D2H in 64 MiB pieces", Beside::d2h, 64 * kMiB, kLarge},
       {"D2H in 16 MiB pieces", Beside::d2h, 16 * kMiB, kLarge},
       {"D2H in 4 MiB pieces", Beside::d2h, 4 * kMiB, kLarge},
+      {"D2H enqueued behind a wait-value, not begun", Beside::parked_d2h, 0, kLarge},
       {"D2H by a kernel, 16 blocks", Beside::kernel, 16, kLarge},
       {"D2H by a kernel, 132 blocks", Beside::kernel, 132, kLarge},
   };
@@ -147,10 +155,18 @@ int main() {
       "us | cuMemSetAccess us (median, p90) | cuMemUnmap us | calls | copy GB/s |\n");
   std::printf("|---|---:|---:|---|---:|---:|---:|\n");
   for (const Case& c : cases) {
-    const bool copy = c.beside != Beside::nothing;
+    // Parked: the calls run while the D2H waits behind a wait-value (as residency.d2h_gate holds
+    // one), then the flag is written and the copy runs alone.
+    const bool parked = c.beside == Beside::parked_d2h;
+    const bool copy = c.beside != Beside::nothing && !parked;
     std::vector<double> map_us, access_us, unmap_us, gbps;
     for (int round = 0; round < kRounds; ++round) {
       CK(cuCtxSynchronize());
+      if (parked) {
+        *p.flag = 0;
+        CK(cuStreamWaitValue32(p.stream, p.flag_dev, 1, CU_STREAM_WAIT_VALUE_GEQ));
+        CK(cuMemcpyDtoHAsync(p.host, p.big, kCopy, p.stream));
+      }
       if (copy) {
         CK(cuEventRecord(p.start, p.stream));
         if (c.beside == Beside::kernel) {
@@ -183,6 +199,10 @@ int main() {
           access_us.push_back(a);
           unmap_us.push_back(u);
         }
+      }
+      if (parked) {
+        __atomic_store_n(p.flag, 1u, __ATOMIC_RELEASE);
+        CK(cuStreamSynchronize(p.stream));
       }
       if (copy) {
         CK(cuStreamSynchronize(p.stream));
@@ -236,5 +256,6 @@ int main() {
   CK(cuMemAddressFree(p.big, kCopy));
   CK(cuMemAddressFree(va, kLarge));
   CK(cuMemFreeHost(p.host));
+  CK(cuMemFreeHost(p.flag));
   return 0;
 }
