@@ -16,18 +16,32 @@ void Executor::follow(std::vector<CUgraphExec> keys) {
 }
 
 void Executor::install(uint64_t id, std::vector<std::vector<Slot*>> releases,
-                       std::vector<std::vector<Slot*>> restores) {
+                       std::vector<std::vector<Slot*>> restores,
+                       std::vector<std::vector<int>> after_calls) {
   plan_ = id;
   releases_ = std::move(releases);
   restores_ = std::move(restores);
+  after_calls_ = std::move(after_calls);
+  after_calls_.resize(releases_.size());
+  for (size_t p = 0; p < releases_.size(); ++p) after_calls_[p].resize(releases_[p].size(), -1);
+  reset_early();
 }
 
 void Executor::clear() {
   keys_.clear();
   releases_.clear();
   restores_.clear();
+  after_calls_.clear();
   plan_ = 0;
   position_ = 0;
+  reset_early();
+}
+
+void Executor::reset_early() {
+  const auto p = static_cast<size_t>(position_);
+  const size_t n = p < releases_.size() ? releases_[p].size() : 0;
+  calls_.assign(n, 0);
+  issued_.assign(n, false);
 }
 
 int Executor::locate(CUgraphExec exec, int* expected) {
@@ -37,16 +51,54 @@ int Executor::locate(CUgraphExec exec, int* expected) {
   for (int k = 0; k < period; ++k) {
     const int q = (position_ + k) % period;
     if (keys_[static_cast<size_t>(q)] == exec) {
-      position_ = q;
+      // Out of order: what was issued early belonged to the position expected. The launch found
+      // issues its own releases (those a skipped position released early stay released).
+      if (q != position_) {
+        position_ = q;
+        reset_early();
+      }
       return q;
     }
   }
   return -1;
 }
 
-const std::vector<Slot*>& Executor::releases() const {
+std::vector<Slot*> Executor::releases() const {
   const auto p = static_cast<size_t>(position_);
-  return p < releases_.size() ? releases_[p] : kNothing;
+  if (p >= releases_.size()) return {};
+  std::vector<Slot*> left;
+  for (size_t i = 0; i < releases_[p].size(); ++i) {
+    if (!issued_[i]) left.push_back(releases_[p][i]);
+  }
+  return left;
+}
+
+std::vector<Slot*> Executor::due_after_launch() {
+  const auto p = static_cast<size_t>(position_);
+  std::vector<Slot*> due;
+  if (p >= releases_.size()) return due;
+  for (size_t i = 0; i < releases_[p].size(); ++i) {
+    if (!issued_[i] && after_calls_[p][i] == 0) {
+      issued_[i] = true;
+      due.push_back(releases_[p][i]);
+    }
+  }
+  return due;
+}
+
+std::vector<Slot*> Executor::due_after_eager(const std::vector<Slot*>& used) {
+  const auto p = static_cast<size_t>(position_);
+  std::vector<Slot*> due;
+  if (p >= releases_.size()) return due;
+  for (size_t i = 0; i < releases_[p].size(); ++i) {
+    if (issued_[i] || after_calls_[p][i] <= 0) continue;
+    if (std::find(used.begin(), used.end(), releases_[p][i]) == used.end()) continue;
+    if (++calls_[i] == after_calls_[p][i]) {
+      issued_[i] = true;
+      due.push_back(releases_[p][i]);
+    }
+  }
+  return due;
 }
 
 const std::vector<Slot*>& Executor::restores() const {
@@ -56,6 +108,7 @@ const std::vector<Slot*>& Executor::restores() const {
 
 void Executor::next() {
   if (!keys_.empty()) position_ = (position_ + 1) % static_cast<int>(keys_.size());
+  reset_early();
 }
 
 bool Executor::knows(CUgraphExec exec) const {
@@ -64,13 +117,24 @@ bool Executor::knows(CUgraphExec exec) const {
 
 bool Executor::forget(Slot* slot) {
   bool planned = false;
-  for (auto* lists : {&releases_, &restores_}) {
-    for (auto& list : *lists) {
-      const auto it = std::find(list.begin(), list.end(), slot);
-      if (it != list.end()) {
-        planned = true;
-        list.erase(it);
-      }
+  for (size_t p = 0; p < releases_.size(); ++p) {
+    auto& list = releases_[p];
+    const auto it = std::find(list.begin(), list.end(), slot);
+    if (it == list.end()) continue;
+    planned = true;
+    const auto i = static_cast<size_t>(it - list.begin());
+    after_calls_[p].erase(after_calls_[p].begin() + static_cast<std::ptrdiff_t>(i));
+    if (p == static_cast<size_t>(position_)) {
+      calls_.erase(calls_.begin() + static_cast<std::ptrdiff_t>(i));
+      issued_.erase(issued_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    list.erase(it);
+  }
+  for (auto& list : restores_) {
+    const auto it = std::find(list.begin(), list.end(), slot);
+    if (it != list.end()) {
+      planned = true;
+      list.erase(it);
     }
   }
   return planned;

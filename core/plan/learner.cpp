@@ -38,6 +38,11 @@ void drop_events(std::vector<Seen>& seen) {
       if (event != nullptr) driver.cuEventDestroy(event);
     }
     s.start = s.end = s.asked = nullptr;
+    for (const auto& [before, after] : s.tail_waits) {
+      driver.cuEventDestroy(before);
+      driver.cuEventDestroy(after);
+    }
+    s.tail_waits.clear();
   }
 }
 
@@ -54,10 +59,39 @@ void Learner::ask(CUstream stream) noexcept {
   }
 }
 
+void Learner::ask_eager(CUstream stream) noexcept {
+  const Driver& driver = *load_driver(nullptr);
+  if (eager_asked_ != nullptr) driver.cuEventDestroy(eager_asked_);
+  eager_asked_ = nullptr;
+  if (seen_.empty() || seen_.back().stream != stream) return;  // before the first launch, or aside
+  try {
+    eager_asked_ = record_on(driver, stream);
+  } catch (const Error&) {
+    eager_asked_ = nullptr;
+  }
+}
+
+void Learner::eager_acquired(CUstream stream, bool waited) noexcept {
+  const Driver& driver = *load_driver(nullptr);
+  CUevent before = eager_asked_;
+  eager_asked_ = nullptr;
+  if (before == nullptr) return;
+  if (!waited || seen_.empty()) {
+    driver.cuEventDestroy(before);
+    return;
+  }
+  try {
+    seen_.back().tail_waits.emplace_back(before, record_on(driver, stream));
+  } catch (const Error&) {
+    driver.cuEventDestroy(before);
+  }
+}
+
 int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>& slots,
                      int repeats) {
   Seen s;
   s.exec = exec;
+  s.stream = stream;
   s.uses = slots;
   s.asked = asked_;
   asked_ = nullptr;
@@ -76,10 +110,35 @@ void Learner::launched(CUgraphExec exec, CUstream stream) {
 
 void Learner::also_uses(const std::vector<Slot*>& slots) {
   if (seen_.empty()) return;
-  auto& uses = seen_.back().uses;
-  for (Slot* slot : slots) {
-    if (std::find(uses.begin(), uses.end(), slot) == uses.end()) uses.push_back(slot);
+  Seen& last = seen_.back();
+  for (auto at = slots.begin(); at != slots.end(); ++at) {
+    Slot* slot = *at;
+    if (std::find(last.uses.begin(), last.uses.end(), slot) == last.uses.end()) {
+      last.uses.push_back(slot);
+    }
+    if (std::find(slots.begin(), at, slot) != at) continue;  // named twice: one call, one use
+    auto it = std::find_if(last.tail.begin(), last.tail.end(),
+                           [slot](const auto& entry) { return entry.first == slot; });
+    if (it == last.tail.end()) {
+      last.tail.emplace_back(slot, 1);
+    } else {
+      ++it->second;
+    }
   }
+}
+
+std::map<int, int> agreed_tail_calls(const std::vector<std::map<int, int>>& periods) {
+  std::map<int, int> agreed;
+  for (const auto& counts : periods) {
+    for (const auto& [region, calls] : counts) agreed.emplace(region, calls);
+  }
+  for (auto& [region, calls] : agreed) {
+    for (const auto& counts : periods) {
+      const auto it = counts.find(region);
+      if ((it == counts.end() ? 0 : it->second) != calls) calls = -1;
+    }
+  }
+  return agreed;
 }
 
 std::shared_ptr<Learned> Learner::take(int period, int repeats) {
@@ -89,6 +148,8 @@ std::shared_ptr<Learned> Learner::take(int period, int repeats) {
   // Uses per position: the union over every period observed in the repeat.
   std::map<Slot*, int> index;
   learned->period.uses.resize(static_cast<size_t>(period));
+  // Per position, each period's tail counts (by region), merged below.
+  std::vector<std::vector<std::map<int, int>>> tails(static_cast<size_t>(period));
   for (size_t k = 1; static_cast<int64_t>(k) * period <= static_cast<int64_t>(n - 1) &&
                      static_cast<int>(k) <= repeats;
        ++k) {
@@ -108,12 +169,16 @@ std::shared_ptr<Learned> Learner::take(int period, int repeats) {
           uses.push_back(it->second);
         }
       }
+      std::map<int, int>& tail = tails[static_cast<size_t>(i)].emplace_back();
+      for (const auto& [slot, calls] : s.tail) tail[index.at(slot)] = calls;
     }
   }
+  for (const auto& periods : tails) learned->tail_calls.push_back(agreed_tail_calls(periods));
   learned->device = learned->regions.empty() ? 0 : learned->regions[0]->device;
   for (size_t i = first; i < n; ++i) {
     learned->window.push_back(seen_[i]);
     seen_[i].start = seen_[i].end = seen_[i].asked = nullptr;  // the window owns these now
+    seen_[i].tail_waits.clear();
   }
   clear();
   return learned;
@@ -124,14 +189,21 @@ bool Learner::saw(CUgraphExec exec) const {
 }
 
 void Learner::forget(Slot* slot) {
-  for (Seen& s : seen_) s.uses.erase(std::remove(s.uses.begin(), s.uses.end(), slot), s.uses.end());
+  for (Seen& s : seen_) {
+    s.uses.erase(std::remove(s.uses.begin(), s.uses.end(), slot), s.uses.end());
+    s.tail.erase(std::remove_if(s.tail.begin(), s.tail.end(),
+                                [slot](const auto& entry) { return entry.first == slot; }),
+                 s.tail.end());
+  }
 }
 
 void Learner::clear() {
   drop_events(seen_);
   seen_.clear();
-  if (asked_ != nullptr) load_driver(nullptr)->cuEventDestroy(asked_);
-  asked_ = nullptr;
+  for (CUevent* event : {&asked_, &eager_asked_}) {
+    if (*event != nullptr) load_driver(nullptr)->cuEventDestroy(*event);
+    *event = nullptr;
+  }
 }
 
 double period_without_waits(const std::vector<LaunchClock>& window, plan::Period* period) {
@@ -158,12 +230,18 @@ void learned_times(Learned& learned) {
   driver.cuEventSynchronize(learned.window.back().start);
   const CUevent origin = learned.window[0].start;
   std::vector<LaunchClock> clock;
+  double tail_waited_us = 0;  // the eager calls' waits after the launch before: before this one
   for (const Seen& s : learned.window) {
     LaunchClock c;
     if (s.asked != nullptr) c.waited_us = std::max(0.0, elapsed_us(driver, s.asked, s.start));
+    c.waited_us += tail_waited_us;
     c.start_us = elapsed_us(driver, origin, s.start);
     if (s.end != nullptr) c.end_us = elapsed_us(driver, origin, s.end);
     clock.push_back(c);
+    tail_waited_us = 0;
+    for (const auto& [before, after] : s.tail_waits) {
+      tail_waited_us += std::max(0.0, elapsed_us(driver, before, after));
+    }
   }
   learned.parked_us = period_without_waits(clock, &learned.period);
   drop_events(learned.window);

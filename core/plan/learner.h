@@ -11,7 +11,9 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "plan/schedule.h"
@@ -25,11 +27,18 @@ namespace planner {
 // One graph launch observed while learning, with the slots it and the eager work after it use.
 struct Seen {
   CUgraphExec exec = nullptr;
+  CUstream stream = nullptr;  // the launch's
   std::vector<Slot*> uses;
   CUevent start = nullptr, end = nullptr;  // around the launch, on its stream
   // Before vaswap's waits for the launch's slots: from it to `start` the stream waited for
   // learning's own restores and room, which the plan's steady state does not.
   CUevent asked = nullptr;
+  // The eager calls after the launch (before the next one) that used each slot, in call order of
+  // their last use: how many calls used it.
+  std::vector<std::pair<Slot*, int>> tail;
+  // Around each of those calls that waited for vaswap (restores, pages): events on its stream
+  // before and after its wait, taken out of the times like `asked`.
+  std::vector<std::pair<CUevent, CUevent>> tail_waits;
 };
 
 // The period learning found. `window` is the last complete period and the launch that began the
@@ -41,7 +50,10 @@ struct Learned {
   std::vector<int> devices;    // index -> the slot's device (read while the slots surely live)
   std::vector<uint64_t> ids;   // index -> the slot's id (likewise: for the trace)
   plan::Period period;         // uses per position (the union over the periods observed)
-  double parked_us = 0;        // learning's waits taken out of the period's times
+  // Per position, the eager calls after its launch that used each region (index -> calls), where
+  // every period observed agrees; -1 where they differ. A region the tail never used is absent.
+  std::vector<std::map<int, int>> tail_calls;
+  double parked_us = 0;  // learning's waits taken out of the period's times
 };
 
 class Learner {
@@ -63,6 +75,13 @@ class Learner {
   void launched(CUgraphExec exec, CUstream stream);
   // Eager work after the last launch observed uses `slots` too.
   void also_uses(const std::vector<Slot*>& slots);
+  // Before and after an eager call's slots are made resident on `stream`, as ask() for a launch:
+  // where it `waited` (on the host, or a wait enqueued on the stream), the stream's wait is timed
+  // and taken out of the period's times. Only on the stream of the last launch: a wait on another
+  // stream holds the launches back only where the program orders them after it. Never throw:
+  // without the events the wait stays in.
+  void ask_eager(CUstream stream) noexcept;
+  void eager_acquired(CUstream stream, bool waited) noexcept;
   // The period observe() returned, with its events; learning is empty again.
   std::shared_ptr<Learned> take(int period, int repeats);
 
@@ -74,14 +93,15 @@ class Learner {
 
  private:
   std::vector<Seen> seen_;
-  CUevent asked_ = nullptr;  // ask()'s, until observe() takes it
+  CUevent asked_ = nullptr;        // ask()'s, until observe() takes it
+  CUevent eager_asked_ = nullptr;  // ask_eager()'s, until eager_acquired() keeps or drops it
 };
 
 // On the planning worker: the period's timing on the device's clock (it waits for the last
 // launch's start event), into learned.period, without the time streams waited for vaswap before
-// each launch while learning (learning restores on demand; the plan's restores are ahead): each
-// position is moved earlier by the waits before it, and the period is shortened by all of them
-// (learned.parked_us). Then the window's events are destroyed.
+// each launch and before the eager calls after it while learning (learning restores on demand;
+// the plan's restores are ahead): each position is moved earlier by the waits before it, and the
+// period is shortened by all of them (learned.parked_us). Then the window's events are destroyed.
 void learned_times(Learned& learned);
 
 // One learned launch on the device's clock, in microseconds from the first launch's start: the
@@ -96,6 +116,11 @@ struct LaunchClock {
 // period's start_us, end_us and length_us go into `period`, without the waits. Returns the waits
 // taken out.
 double period_without_waits(const std::vector<LaunchClock>& window, plan::Period* period);
+
+// Per region, the eager calls after one position's launch that used it, merged over the periods
+// observed (`periods`: each period's counts at that position): the count where every period has
+// the same (a region a period's tail did not use counts 0 there), else -1.
+std::map<int, int> agreed_tail_calls(const std::vector<std::map<int, int>>& periods);
 
 // Destroys the launches' timing events.
 void drop_events(std::vector<Seen>& seen);

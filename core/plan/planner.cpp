@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "base/capture_gate.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/trace.h"
@@ -78,6 +79,7 @@ class Planner {
   void after_graph(CUgraphExec exec, CUstream stream, uint64_t capture, const Ticket& ticket);
   Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
                       residency::Checked checked, const residency::EagerShape* shape);
+  void after_eager(const Ticket& ticket, CUstream stream);
   void capture_begun();
   void exec_changed(CUgraphExec exec);
   void forget(Slot* slot);
@@ -114,17 +116,28 @@ class Planner {
   Ticket advance(std::unique_lock<std::mutex>& lock, const char* symbol, CUgraphExec exec,
                  CUstream stream, const std::vector<Slot*>& slots, const std::string& what);
   void start_sampler(const Driver& driver);
-  void trace_action(trace::Event event, const std::vector<Slot*>& slots, CUstream stream) const {
+  // `issued` (releases): "launch" at their own position's launch, "after_launch" or
+  // "after_eager" early, once their slots' last use before it was enqueued.
+  void trace_action(trace::Event event, const std::vector<Slot*>& slots, CUstream stream,
+                    const char* issued = nullptr) const {
     if (!trace::enabled()) return;
     uint64_t bytes = 0;
     for (const Slot* slot : slots) bytes += slot->bytes;
-    trace::Record(event)
-        .add("plan", executor_.plan())
+    trace::Record record(event);
+    record.add("plan", executor_.plan())
         .add("position", executor_.position())
         .add("slots", static_cast<uint64_t>(slots.size()))
         .add("bytes", bytes)
-        .hex("stream", stream_id(stream))
-        .emit();
+        .hex("stream", stream_id(stream));
+    if (issued != nullptr) record.add("issued", issued);
+    record.emit();
+  }
+  // schedule.release_after_use: a release issued before its position's launch.
+  void release_early(const std::vector<Slot*>& slots, CUstream stream, const char* issued) {
+    if (slots.empty()) return;
+    residency::evict(slots, "plan");
+    counters_.planned_offloads += slots.size();
+    trace_action(trace::Event::plan_offload, slots, stream, issued);
   }
 
   // On the planning worker, without mutex_ (takes it to publish).
@@ -348,6 +361,18 @@ void trace_plan_input(int device, const plan::Period& sub, const plan::Model& mo
 
 }  // namespace
 
+// schedule.release_after_use: where a window's release may be issued before its position's
+// launch (Executor::install's after_calls). Only where the slot's last use is the position just
+// before (a release_lag keeps it at its launch): 0 when that launch used it last, k when the k-th
+// eager call after the launch that used it did (in every period learning saw), else -1.
+int release_after_calls(const Learned& learned, const plan::Window& w) {
+  const int n = static_cast<int>(learned.period.uses.size());
+  if (n == 0 || w.last_use != (w.release_at + n - 1) % n) return -1;
+  const auto& tail = learned.tail_calls[static_cast<size_t>(w.last_use)];
+  const auto it = tail.find(w.region);
+  return it == tail.end() ? 0 : it->second;
+}
+
 // On the planning worker.
 void Planner::plan(Learned& learned, uint64_t generation) {
   const size_t period = learned.window.size() - 1;
@@ -434,19 +459,24 @@ void Planner::plan(Learned& learned, uint64_t generation) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (generation != generation_ || phase_ != Phase::planning) return;  // learning again
   std::vector<std::vector<Slot*>> releases(period), restores(period);
-  for (const plan::Window& w : windows) {
-    Slot* slot = learned.regions[static_cast<size_t>(w.region)];
-    releases[static_cast<size_t>(w.release_at)].push_back(slot);
-    restores[static_cast<size_t>(w.restore_at)].push_back(slot);
-  }
+  std::vector<std::vector<int>> after_calls(period);
   // Releases issued together, the smallest first: their D2Hs follow each other on the link, so
   // the first room comes soonest (the schedule's replay assumes this order).
-  for (std::vector<Slot*>& at : releases) {
-    std::stable_sort(at.begin(), at.end(), [](const Slot* a, const Slot* b) {
-      return a->mapped_bytes < b->mapped_bytes;
-    });
+  std::vector<plan::Window> by_size = windows;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](const plan::Window& a, const plan::Window& b) {
+                     return learned.regions[static_cast<size_t>(a.region)]->mapped_bytes <
+                            learned.regions[static_cast<size_t>(b.region)]->mapped_bytes;
+                   });
+  for (const plan::Window& w : by_size) {
+    Slot* slot = learned.regions[static_cast<size_t>(w.region)];
+    releases[static_cast<size_t>(w.release_at)].push_back(slot);
+    after_calls[static_cast<size_t>(w.release_at)].push_back(
+        policy.release_after_use ? release_after_calls(learned, w) : -1);
+    restores[static_cast<size_t>(w.restore_at)].push_back(slot);
   }
-  executor_.install(++counters_.plans, std::move(releases), std::move(restores));
+  executor_.install(++counters_.plans, std::move(releases), std::move(restores),
+                    std::move(after_calls));
   set_phase(Phase::steady);
   if (!trace::enabled()) return;
   for (const Part& part : parts) {  // one event per device, under the one plan number
@@ -545,11 +575,13 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
   }
   residency::at_position(executor_.position());
   const uint64_t generation = generation_;
-  if (phase_ == Phase::steady && !executor_.releases().empty()) {
-    const std::vector<Slot*>& releases = executor_.releases();
-    residency::evict(releases, "plan");
-    counters_.planned_offloads += releases.size();
-    trace_action(trace::Event::plan_offload, releases, stream);
+  if (phase_ == Phase::steady) {
+    const std::vector<Slot*> releases = executor_.releases();  // those not issued early
+    if (!releases.empty()) {
+      residency::evict(releases, "plan");
+      counters_.planned_offloads += releases.size();
+      trace_action(trace::Event::plan_offload, releases, stream, "launch");
+    }
   }
   // The launch's own slots only: the eager work that follows it (and that the period counts at
   // this position) acquires its own, one call at a time.
@@ -612,6 +644,11 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
                           const Ticket& ticket) {
   residency::used(ticket.acquired);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::steady && ticket.result == CUDA_SUCCESS && policy_.release_after_use) {
+    // The next position's releases whose slots this launch used last: their D2H may begin as
+    // soon as the launch ends, whatever the program does on the host before the next one.
+    release_early(executor_.due_after_launch(), stream, "after_launch");
+  }
   if (policy_.mode == Mode::rules) {
     // A rule's slots leave after the launch it names.
     for (const ParsedRule& rule : rules_) {
@@ -643,12 +680,25 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
 Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vector<Slot*>& slots,
                              residency::Checked checked, const residency::EagerShape* shape) {
   std::unique_lock<std::mutex> lock(mutex_);
+  // Learning times the stream's waits for this call's slots, as a launch's (no event into a
+  // capture: invariant 5).
+  const bool timed = phase_ == Phase::learning && capture_gate::open() == 0;
+  if (timed) learner_.ask_eager(stream);
   Ticket ticket = acquire(lock, slots, stream, symbol, "eager", checked, shape);
+  if (timed && phase_ == Phase::learning) {
+    const residency::Acquired& a = ticket.acquired;
+    learner_.eager_acquired(
+        stream, ticket.result == CUDA_SUCCESS && (a.waits > 0 || a.host_waited || a.map_waited));
+  }
   if (ticket.result != CUDA_SUCCESS) {
     log().error("{}", ticket.message);
     return ticket;
   }
   if (phase_ == Phase::learning) learner_.also_uses(slots);
+  if (phase_ == Phase::steady && policy_.release_after_use) {
+    ticket.release_after = executor_.due_after_eager(slots);
+    ticket.generation = generation_;
+  }
   const size_t restored = ticket.acquired.demanded;
   if (restored > 0 && phase_ == Phase::steady) {
     counters_.guard_hits += restored;
@@ -662,6 +712,15 @@ Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vec
     }
   }
   return ticket;
+}
+
+// The releases before_eager found due, once the call is enqueued (used() has marked it). Not if
+// learning began again meanwhile: freeing a planned slot does that, so the slots still live. The
+// executor may have moved on (another thread launched): they were counted as issued all the same.
+void Planner::after_eager(const Ticket& ticket, CUstream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ != Phase::steady || ticket.generation != generation_) return;
+  release_early(ticket.release_after, stream, "after_eager");
 }
 
 void Planner::capture_begun() {
@@ -722,7 +781,10 @@ Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*
                     residency::Checked checked, const residency::EagerShape* shape) {
   return planner().before_eager(symbol, stream, slots, checked, shape);
 }
-void after_eager(const Ticket& ticket) { residency::used(ticket.acquired); }
+void after_eager(const Ticket& ticket) {
+  residency::used(ticket.acquired);
+  if (!ticket.release_after.empty()) planner().after_eager(ticket, ticket.acquired.stream);
+}
 void capture_begun() { planner().capture_begun(); }
 void exec_changed(CUgraphExec exec) { planner().exec_changed(exec); }
 void forget(Slot* slot) { planner().forget(slot); }

@@ -55,6 +55,10 @@ struct Ticket {
   residency::Acquired acquired;
   launch_times::Timing timing;  // a graph launch's timing events (trace.launch_times)
   residency::Quiet quiet;       // a first launch's: no stream parked until it is enqueued
+  // An eager call's: planned releases whose slots it uses last before the next launch
+  // (schedule.release_after_use), issued once it is enqueued, if learning has not begun again.
+  std::vector<Slot*> release_after;
+  uint64_t generation = 0;
 };
 
 // Before and after the real graph launch. `slots`: the slots the graph's nodes reference.

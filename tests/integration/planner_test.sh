@@ -4,7 +4,9 @@
 # under vaswap with no change, its checksum compared with a plain run of the same options.
 #   1. 50 steps, the link given as 50 GB/s: a plan with windows is made and carried out (and
 #      bench/plan_replay chooses it again from the trace); the checksum is identical; cuMemGetInfo (sampled by vaswap every 100 us) shows device memory
-#      given back in the steps, at least half the plan's peak; nothing was restored on demand.
+#      given back in the steps, at least half the plan's peak; nothing was restored on demand;
+#      releases are issued right after their slots' last use (schedule.release_after_use), or at
+#      their launch with it off.
 #   2. The same with a link so slow that no window can hide a copy: the plan takes nothing.
 #   3. An eager kernel reads an offloaded activation in step 30 (--peek-step): the guard restores
 #      it on demand (guard_hit) and the checksum is identical.
@@ -103,10 +105,28 @@ kept = sum(1 for e in ev if e["ev"] == "release" and e.get("kept"))
 reused = sum(1 for e in ev if e["ev"] == "remap" and e.get("reused"))
 assert 0 <= freed <= slot_pages, (freed, plan["peak_bytes"])
 assert freed > 0 or (kept > 0 and reused > 0), (freed, kept, reused)
+# schedule.release_after_use (on by default): the releases of each layer are issued right after the
+# launch or the eager call (gradient accumulation, input copies) that used their slots last, not at
+# the next launch; a release whose slot the eager work after its last launch used a varying number
+# of times in learning waits for its launch.
+issued = {}
+for e in ev:
+    if e["ev"] == "plan_offload":
+        issued[e["issued"]] = issued.get(e["issued"], 0) + e["slots"]
+early = issued.get("after_launch", 0) + issued.get("after_eager", 0)
+assert early >= 0.9 * sum(issued.values()), issued
 windows, peak = plan["windows"], plan["peak_bytes"] >> 20
 print(f"     plan: {windows} windows, {peak} MiB away at once; cuMemGetInfo: {freed >> 20} MiB "
       f"more free during the steps; {kept} evictions kept their pages, {reused} restores reused "
-      f"them; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored")
+      f"them; {offloaded >> 20} MiB offloaded, {restored >> 20} MiB restored; "
+      f"{early} of {sum(issued.values())} releases issued after their last use")
+'
+
+# 1a. schedule.release_after_use=false: every planned release at its own launch, the same checksum.
+plain_and_vaswap at_launch "$given,schedule.release_after_use=false" --steps 30
+check at_launch '
+kinds = {e["issued"] for e in ev if e["ev"] == "plan_offload"}
+assert kinds == {"launch"}, kinds
 '
 
 # 1b. The same plan with the host handshake: the same checksum (plain_and_vaswap), the slots

@@ -70,5 +70,75 @@ TEST(ExecutorTest, AFreedSlotLeavesEveryWindowAndNothingIsDueBeforeAPlan) {
   EXPECT_EQ(planning.locate(graph(1), &expected), -1);
 }
 
+// A period of graphs 1, 2, 3 with three releases at position 2 (after graph 2, before graph 3):
+// slot 4 right after graph 2's launch, slot 5 after the second eager call that uses it since that
+// launch, slot 6 only at graph 3's launch.
+Executor early_releases() {
+  Executor e;
+  e.follow({graph(1), graph(2), graph(3)});
+  e.install(1, {{}, {}, {slot(4), slot(5), slot(6)}}, {{}, {}, {}}, {{}, {}, {0, 2, -1}});
+  int expected = -1;
+  e.locate(graph(2), &expected);
+  e.next();  // graph 2 launched: position 2 is next
+  return e;
+}
+
+TEST(ExecutorTest, ReleasesAreDueAfterTheLaunchOrTheEagerCallThatUsedTheirSlotsLast) {
+  Executor e = early_releases();
+  EXPECT_EQ(e.position(), 2);
+  EXPECT_EQ(e.due_after_launch(), std::vector<Slot*>{slot(4)});
+  EXPECT_TRUE(e.due_after_launch().empty()) << "issued twice";
+  EXPECT_TRUE(e.due_after_eager({slot(7)}).empty());
+  EXPECT_TRUE(e.due_after_eager({slot(5), slot(4)}).empty()) << "slot 5's first call";
+  EXPECT_EQ(e.due_after_eager({slot(5)}), std::vector<Slot*>{slot(5)});
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty()) << "a third call issues nothing more";
+  // At graph 3's launch only slot 6 is left.
+  int expected = -1;
+  EXPECT_EQ(e.locate(graph(3), &expected), 2);
+  EXPECT_EQ(e.releases(), std::vector<Slot*>{slot(6)});
+  e.next();
+  e.locate(graph(1), &expected);
+  e.next();
+  e.locate(graph(2), &expected);
+  e.next();
+  // The next period counts again from nothing.
+  EXPECT_EQ(e.releases(), (std::vector<Slot*>{slot(4), slot(5), slot(6)}));
+  EXPECT_EQ(e.due_after_launch(), std::vector<Slot*>{slot(4)});
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty());
+  EXPECT_EQ(e.releases(), (std::vector<Slot*>{slot(5), slot(6)}));
+}
+
+TEST(ExecutorTest, ALaunchOutOfOrderForgetsWhatTheExpectedPositionIssuedEarly) {
+  Executor e = early_releases();
+  EXPECT_EQ(e.due_after_launch(), std::vector<Slot*>{slot(4)});
+  int expected = -1;
+  // Graph 3 is skipped: graph 1 comes next. Position 0 has no releases, and position 2's counts
+  // start over when it comes again.
+  EXPECT_EQ(e.locate(graph(1), &expected), 0);
+  EXPECT_TRUE(e.releases().empty());
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty());
+  e.next();
+  e.locate(graph(2), &expected);
+  e.next();
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty());
+  EXPECT_EQ(e.due_after_eager({slot(5)}), std::vector<Slot*>{slot(5)});
+}
+
+TEST(ExecutorTest, WithoutAfterCallsEveryReleaseWaitsForItsLaunch) {
+  Executor e = three_positions();
+  EXPECT_TRUE(e.due_after_launch().empty());
+  EXPECT_TRUE(e.due_after_eager({slot(7)}).empty());
+  EXPECT_EQ(e.releases(), std::vector<Slot*>{slot(7)});
+}
+
+TEST(ExecutorTest, AFreedSlotLeavesTheEarlyCountsOfItsPosition) {
+  Executor e = early_releases();
+  EXPECT_TRUE(e.forget(slot(4)));
+  EXPECT_TRUE(e.due_after_launch().empty());
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty());
+  EXPECT_EQ(e.due_after_eager({slot(5)}), std::vector<Slot*>{slot(5)});
+  EXPECT_EQ(e.releases(), std::vector<Slot*>{slot(6)});
+}
+
 }  // namespace
 }  // namespace vaswap::planner

@@ -1,8 +1,10 @@
-// The learned period's times without learning's waits (core/plan/learner.h).
+// The learned period's times without learning's waits, and the eager calls after a launch that
+// use each slot, merged over the periods observed (core/plan/learner.h).
 #include "plan/learner.h"
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <vector>
 
 namespace vaswap::planner {
@@ -36,6 +38,27 @@ TEST(PeriodWithoutWaits, NoWaitsLeaveTheTimesAsMeasured) {
   EXPECT_EQ(p.start_us, (std::vector<double>{0, 7}));
   EXPECT_EQ(p.end_us, (std::vector<double>{3, 9}));
   EXPECT_DOUBLE_EQ(p.length_us, 12.0);
+}
+
+TEST(AgreedTailCalls, ACountEveryPeriodSharesStands) {
+  // Region 3 was used by two eager calls after the launch in each of three periods, region 5 by
+  // one.
+  const std::map<int, int> period = {{3, 2}, {5, 1}};
+  EXPECT_EQ(agreed_tail_calls({period, period, period}), period);
+}
+
+TEST(AgreedTailCalls, PeriodsThatDifferGiveMinusOne) {
+  // Region 3: two calls, then three (an evaluation step read it once more); region 5 is missing
+  // from the second period's tail (0 calls there); region 7 is used once everywhere.
+  const std::map<int, int> a = {{3, 2}, {5, 1}, {7, 1}}, b = {{3, 3}, {7, 1}};
+  const std::map<int, int> want = {{3, -1}, {5, -1}, {7, 1}};
+  EXPECT_EQ(agreed_tail_calls({a, b}), want);
+  EXPECT_EQ(agreed_tail_calls({b, a}), want) << "the order of the periods must not matter";
+}
+
+TEST(AgreedTailCalls, NoPeriodsNoTail) {
+  EXPECT_TRUE(agreed_tail_calls({}).empty());
+  EXPECT_TRUE(agreed_tail_calls({{}, {}}).empty());
 }
 
 }  // namespace
