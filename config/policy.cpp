@@ -316,7 +316,8 @@ const Key kSchema[] = {
   {"residency.d2h_gate", "bool", "true or false", "false",
    "Device handshake only: while a restore waits for room that an eviction's copy already "
    "running will free, the evictions' copies not yet begun wait on the device until it has "
-   "mapped (at most 4 ms), so that its cuMemSetAccess does not wait behind a D2H (0.74 ms on "
+   "mapped (at most 1.5 times what the running copy should take, 1 to 20 ms), so that its "
+   "cuMemSetAccess does not wait behind a D2H (0.74 ms on "
    "the H200, docs/PERFORMANCE.md fact 6). Experimental: not yet measured on a GPU.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.d2h_gate); },
    [](const Policy& p) { return std::string(p.d2h_gate ? "true" : "false"); }},

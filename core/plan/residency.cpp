@@ -27,6 +27,7 @@
 #include "base/log.h"
 #include "base/trace.h"
 #include "observe/callsite.h"
+#include "plan/d2h_gate.h"
 #include "slots/engine.h"
 #include "slots/worker.h"
 #include "transform/copy_graph.h"
@@ -36,11 +37,6 @@ namespace vaswap::residency {
 namespace {
 
 constexpr size_t kFlagsPerChunk = 1024;
-// residency.d2h_gate: the longest the mover holds evictions' D2Hs back for one restore's map. A
-// restore whose room needs more than the D2Hs already running would otherwise wait for copies the
-// gate holds; past this it lowers the gate and lets them run (a 128 MiB D2H takes 2.4 ms on the
-// H200).
-constexpr uint64_t kGateLimitNs = 4000000;
 // Device handshake: at most this many streams for evictions' D2H copies per device.
 constexpr size_t kAheadStreams = 16;
 // How long an eager copy's thread waits for parked streams before it makes the copy's graph, and
@@ -379,11 +375,9 @@ struct Device {
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
   uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
-  // residency.d2h_gate: a flag every eviction's D2H enqueued ahead waits on to be 0. The mover
-  // raises it while a restore waits for room that a D2H already running will free, and lowers it
-  // once that restore has mapped, or after kGateLimitNs (see do_restore).
+  // residency.d2h_gate: a flag every eviction's D2H enqueued ahead waits on to be 0, raised and
+  // lowered through Residency::gates_ (plan/d2h_gate.h; see do_restore).
   Flag gate;
-  std::atomic<uint64_t> gate_since{0};  // when it was raised (trace::now_ns); 0: down
 };
 
 // An eviction's timing events go back to the device's spares (under the state lock). One that
@@ -534,11 +528,8 @@ class Residency {
   Device& device(int ordinal);
   void start_device(Device& d);
   class GateHold;
-  bool d2h_running(Device& d);
-  bool raise_gate(Device& d);
-  void lower_gate(Device& d, bool at_limit);
-  void lower_gates_locked();
-  void run_gatekeeper();
+  uint64_t d2h_running(Device& d);
+  bool raise_gate(Device& d, uint64_t d2h_bytes);
   Flag take_flag(Device& d);
   StreamKey key_of(CUstream stream);
   Marks& marks_of(const StreamKey& key);
@@ -642,9 +633,7 @@ class Residency {
   // Threads in settle(), waiting for no stream to be parked: meanwhile restores park nothing new
   // (they take the host path), so that the parks drain even while other threads keep launching.
   int settling_ = 0;
-  // residency.d2h_gate (raise_gate): atomics, so that the gatekeeper takes no lock.
-  std::atomic<uint64_t> gate_raises_{0}, gate_timeouts_{0}, gate_ns_{0};
-  std::once_flag gatekeeper_;
+  D2hGates gates_;         // residency.d2h_gate (raise_gate)
   bool watching_ = false;  // the watchdog runs (started with the first wait on a flag)
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
@@ -781,7 +770,7 @@ void Residency::start_device(Device& d) {
       parks_.store(true, std::memory_order_release);
       if (s.d2h_gate) {
         d.gate = take_flag(d);
-        d.gate.store(0);
+        gates_.add(d.ordinal, d.gate.host);
       }
     } else {
       fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
@@ -1521,7 +1510,7 @@ bool Residency::try_quiet() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (any_parked_locked()) return false;
   ++settling_;
-  lower_gates_locked();
+  gates_.lower_all();
   return true;
 }
 
@@ -2535,7 +2524,7 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold,
       if (counted) return;
       std::lock_guard<std::mutex> lock(r.mutex_);
       ++r.settling_;
-      r.lower_gates_locked();  // first-time work waits for every parked stream, these too
+      r.gates_.lower_all();  // first-time work waits for every parked stream, these too
       counted = true;
     }
     ~Settling() {
@@ -2576,9 +2565,10 @@ CUresult Residency::settle(const std::string& what, std::string* why, bool hold,
 Stats Residency::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
-  s.d2h_gate_raises = gate_raises_.load();
-  s.d2h_gate_timeouts = gate_timeouts_.load();
-  s.d2h_gate_us = static_cast<double>(gate_ns_.load()) / 1e3;
+  const D2hGates::Counts gates = gates_.counts();
+  s.d2h_gate_raises = gates.raises;
+  s.d2h_gate_timeouts = gates.timeouts;
+  s.d2h_gate_us = gates.up_us;
   for (const auto& [ordinal, d] : devices_) {
     s.budget_bytes = budget_locked(*d).limit;
     break;
@@ -2914,8 +2904,8 @@ bool Residency::evict_idle(Device& d, uint64_t restoring) {
 // ended (its room is on its way), never while first-time work settles (such work waits for every
 // parked stream, on the H200 as in the simulator, and the map waits for it). Lowered once the
 // restore has mapped, when it gives up, when first-time work begins to settle, and by the
-// gatekeeper after kGateLimitNs: a restore whose room needs copies the gate holds, or a map that
-// waits for a thread that waits for the parked copies, goes on then.
+// gatekeeper (plan/d2h_gate.h) at its limit: a restore whose room needs copies the gate holds, or
+// a map that waits for a thread that waits for the parked copies, goes on then.
 class Residency::GateHold {
  public:
   GateHold(Residency& r, Device& d) : r_(r), d_(d) {}
@@ -2923,14 +2913,15 @@ class Residency::GateHold {
   GateHold& operator=(const GateHold&) = delete;
   ~GateHold() { lower(); }
 
-  bool up() const { return raised_ && d_.gate_since.load() != 0; }
+  bool up() const { return raised_ && r_.gates_.up(d_.ordinal); }
   // Called while the restore waits for room.
   void consider() {
-    if (d_.gate.host == nullptr || raised_ || !r_.d2h_running(d_)) return;
-    raised_ = r_.raise_gate(d_);
+    if (d_.gate.host == nullptr || raised_) return;
+    const uint64_t running = r_.d2h_running(d_);
+    if (running > 0) raised_ = r_.raise_gate(d_, running);
   }
   void lower() {
-    if (raised_) r_.lower_gate(d_, false);
+    if (raised_) r_.gates_.lower(d_.ordinal);
   }
 
  private:
@@ -2939,75 +2930,30 @@ class Residency::GateHold {
   bool raised_ = false;
 };
 
-bool Residency::raise_gate(Device& d) {
-  std::call_once(gatekeeper_, [this] { std::thread([this] { run_gatekeeper(); }).detach(); });
+// For at most the time the largest D2H running should take (gate_limit_ns).
+bool Residency::raise_gate(Device& d, uint64_t d2h_bytes) {
+  const uint64_t limit_ns =
+      gate_limit_ns(d2h_bytes, engine().device_costs().gbps(d.ordinal, true, 0.1));
   std::lock_guard<std::mutex> lock(mutex_);  // against settle's count: never up while it settles
   if (settling_ > 0) return false;
-  d.gate_since.store(trace::now_ns());
-  d.gate.store(1);
-  gate_raises_.fetch_add(1);
-  return true;
+  return gates_.raise(d.ordinal, limit_ns);
 }
 
-// No lock: the gatekeeper calls it while a thread may hold the residency lock and wait, in the
-// driver, for the streams the gate parks.
-void Residency::lower_gate(Device& d, bool at_limit) {
-  const uint64_t since = d.gate_since.exchange(0);
-  if (since == 0) return;  // down already
-  d.gate.store(0);
-  gate_ns_.fetch_add(trace::now_ns() - since);
-  if (at_limit) gate_timeouts_.fetch_add(1);
-}
-
-void Residency::lower_gates_locked() {
-  for (auto& [ordinal, d] : devices_) lower_gate(*d, false);
-}
-
-// Lowers every gate up for longer than kGateLimitNs (started at the first raise; devices are never
-// removed). It makes no driver call and takes no lock it would wait for.
-void Residency::run_gatekeeper() {
-  pthread_setname_np(pthread_self(), "vaswap-gate");
-  std::vector<Device*> devices;
-  bool any_up = true;
-  for (;;) {
-    // Every 0.5 ms while a gate is up, every 2 ms otherwise: a gate comes down within 6 ms.
-    std::this_thread::sleep_for(std::chrono::microseconds(any_up ? 500 : 2000));
-    {
-      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-      if (lock.owns_lock()) {
-        devices.clear();
-        for (auto& [ordinal, d] : devices_) devices.push_back(d.get());
-      }
-    }
-    const uint64_t now = trace::now_ns();
-    any_up = false;
-    for (Device* d : devices) {
-      const uint64_t since = d->gate_since.load();
-      if (since != 0 && now - since > kGateLimitNs) {
-        lower_gate(*d, true);
-      } else if (since != 0) {
-        any_up = true;
-      }
-    }
-  }
-}
-
-// An eviction's D2H has begun on the device (its start event, recorded after the gate's wait, has
-// completed) and not ended.
-bool Residency::d2h_running(Device& d) {
-  std::vector<std::pair<CUevent, CUevent>> copies;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const Unmap& u : d.unmaps) {
-      if (u.submitted && u.start != nullptr && u.done != nullptr)
-        copies.emplace_back(u.start, u.done);
-    }
-  }
+// The bytes of the largest eviction whose D2H has begun on the device (its start event, recorded
+// after the gate's wait, has completed) and not ended; 0 when none. Under the lock the unmapper
+// takes to hand the events back as spares, so they are not recorded again meanwhile.
+uint64_t Residency::d2h_running(Device& d) {
   const Driver& driver = drv();
-  return std::any_of(copies.begin(), copies.end(), [&driver](const auto& copy) {
-    return driver.cuEventQuery(copy.first) == CUDA_SUCCESS &&
-           driver.cuEventQuery(copy.second) == CUDA_ERROR_NOT_READY;
-  });
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t largest = 0;
+  for (const Unmap& u : d.unmaps) {
+    if (u.submitted && u.start != nullptr && u.done != nullptr && u.bytes > largest &&
+        driver.cuEventQuery(u.start) == CUDA_SUCCESS &&
+        driver.cuEventQuery(u.done) == CUDA_ERROR_NOT_READY) {
+      largest = u.bytes;
+    }
+  }
+  return largest;
 }
 
 void Residency::do_restore(Device& d, const Job& job) {
@@ -3137,7 +3083,7 @@ void Residency::do_restore(Device& d, const Job& job) {
     relief_failed = gate.up() || !relieve(d, job.slot);
     if (relief_failed) {
       gate.consider();
-      // With the gate up, every millisecond: it comes down within kGateLimitNs.
+      // With the gate up, every millisecond: it comes down at its limit.
       const auto backoff = std::chrono::microseconds(
           gate.up() ? 1000 : 1000 * std::min(1 << std::min(attempt, 6), 64));
       std::unique_lock<std::mutex> lock(mutex_);

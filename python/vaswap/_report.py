@@ -496,7 +496,7 @@ def handshake_lines(run):
             f"overshoots: {f.get('budget_overshoots', 0)}"] + (
         [f"- the D2H gate (residency.d2h_gate): up for {f['d2h_gate_raises']} restores, "
          f"{f.get('d2h_gate_us', 0) / 1e3:.1f} ms in all; {f.get('d2h_gate_timeouts', 0)} came "
-         f"down at the 4 ms limit rather than at the map"]
+         f"down at their limit rather than at the map"]
         if f.get("d2h_gate_raises") else [])
 
 

@@ -237,7 +237,7 @@ def test_a_device_handshake_run_reports_its_settles_and_host_path_restores(tmp_p
                                             d2h_gate_raises=5, d2h_gate_us=2400.0,
                                             d2h_gate_timeouts=1), lines[2]]) + "\n")
     assert ("the D2H gate (residency.d2h_gate): up for 5 restores, 2.4 ms in all; 1 came down at "
-            "the 4 ms limit rather than at the map") in report(path).stdout
+            "their limit rather than at the map") in report(path).stdout
     # The host handshake's runs have no such section.
     path.write_text("\n".join([lines[0], ev(10, "summary", slots=4, handshake="host"), lines[2]]) + "\n")
     assert "## Device handshake" not in report(path).stdout
