@@ -31,7 +31,10 @@
 #   VASWAP_LIB (build/gpu/lib/libvaswap.so), DEMO (build/gpu/bin/train_layers_static_cuda),
 #   WORK (0: the demos' --work, rounds of integer mixing per element in each layer kernel, so
 #   that their layers compute for as long as a real model's do beside the copies),
-#   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF (policy keys added to
+#   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF_B (a second arm under
+#   vaswap: the program's policy with these keys instead of EXTRA_CONF's, run after the first in
+#   each run on the same machine, and given a row of its own against the same runs without
+#   vaswap: an A/B of two settings), EXTRA_CONF (policy keys added to
 #   every program's, e.g. residency.handshake=device; with trace.launch_times=true each program's
 #   table row is followed by the "Launch times" section of `vaswap report` for each vaswap run:
 #   where a step's device time went. TORCH_BUDGET=auto (nothing moves) gives the same figures
@@ -56,7 +59,7 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
-  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
   echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|"
@@ -90,19 +93,31 @@ for program in "${programs[@]}"; do
       ;;
     *) echo "run_overhead_h200.sh: unknown program $program" >&2; exit 2 ;;
   esac
-  conf="${conf}${EXTRA_CONF:+${conf:+,}$EXTRA_CONF}"
+  base_conf=$conf
+  conf="${base_conf}${EXTRA_CONF:+${base_conf:+,}$EXTRA_CONF}"
+  # The arms under vaswap: "vaswap" (EXTRA_CONF), and "vaswapB" (EXTRA_CONF_B) where set.
+  arms=(vaswap)
+  declare -A arm_conf=([vaswap]=$conf)
+  if [[ -n ${EXTRA_CONF_B:-} ]]; then
+    arms+=(vaswapB)
+    arm_conf[vaswapB]="${base_conf}${base_conf:+,}$EXTRA_CONF_B"
+  fi
   for i in $(seq 1 "$runs"); do
     timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
       { echo "$program plain run $i failed"; status=1; }
-    VASWAP_CONF="${conf:+$conf,}log.level=info" timeout "${RUN_TIMEOUT:-300}" scripts/vaswap run --library "$lib" \
-      --trace "$runs_dir/${program}_vaswap_$i.jsonl" -- "${cmd[@]}" --out "$runs_dir/${program}_vaswap_$i.json" \
-      >"$runs_dir/${program}_vaswap_$i.txt" 2>"$runs_dir/${program}_vaswap_$i.err" ||
-      { echo "$program vaswap run $i failed: $(grep -m2 error "$runs_dir/${program}_vaswap_$i.err")"; status=1; }
-    grep -m1 "summary:" "$runs_dir/${program}_vaswap_$i.err" | cut -c1-600
+    for arm in "${arms[@]}"; do
+      run_conf=${arm_conf[$arm]}
+      VASWAP_CONF="${run_conf:+$run_conf,}log.level=info" timeout "${RUN_TIMEOUT:-300}" scripts/vaswap run --library "$lib" \
+        --trace "$runs_dir/${program}_${arm}_$i.jsonl" -- "${cmd[@]}" --out "$runs_dir/${program}_${arm}_$i.json" \
+        >"$runs_dir/${program}_${arm}_$i.txt" 2>"$runs_dir/${program}_${arm}_$i.err" ||
+        { echo "$program $arm run $i failed: $(grep -m2 error "$runs_dir/${program}_${arm}_$i.err")"; status=1; }
+      grep -m1 "summary:" "$runs_dir/${program}_${arm}_$i.err" | cut -c1-600
+    done
   done
-  python3 - "$runs_dir" "$program" "$runs" "$skip" "$conf" >>"$md" <<'PY' || status=1
+  for arm in "${arms[@]}"; do
+  python3 - "$runs_dir" "$program" "$runs" "$skip" "${arm_conf[$arm]}" "$arm" >>"$md" <<'PY' || status=1
 import glob, json, os, statistics, sys
-d, program, runs, skip, policy = sys.argv[1:]
+d, program, runs, skip, policy, arm = sys.argv[1:]
 runs, skip = int(runs), int(skip)
 def load(name):
     return json.load(open(os.path.join(d, name + ".json")))
@@ -113,13 +128,13 @@ def events(name):
     path = path[0]
     return [json.loads(line) for line in open(path)]
 plain = [med(f"{program}_plain_{i}") for i in range(1, runs + 1)]
-under = [med(f"{program}_vaswap_{i}") for i in range(1, runs + 1)]
+under = [med(f"{program}_{arm}_{i}") for i in range(1, runs + 1)]
 key = "losses" if "losses" in load(f"{program}_plain_1") else "checksum"
-same = all(load(f"{program}_plain_{i}")[key] == load(f"{program}_vaswap_{i}")[key]
+same = all(load(f"{program}_plain_{i}")[key] == load(f"{program}_{arm}_{i}")[key]
            for i in range(1, runs + 1))
 waits, moved, freed, slots, inside = [], [], [], [], []
 for i in range(1, runs + 1):
-    ev = events(f"{program}_vaswap_{i}")
+    ev = events(f"{program}_{arm}_{i}")
     plans = [e["t_ns"] for e in ev if e["ev"] == "plan"]
     after = plans[0] if plans else float("inf")
     restores = sum(1 for e in ev if e["ev"] == "restore_wait" and e.get("host_wait")
@@ -143,16 +158,18 @@ print(f"| {program} | `{policy or 'the default policy'}` | "
 sys.exit(0 if same else 1)
 PY
   tail -1 "$md"
-  if [[ ${EXTRA_CONF:-} == *trace.launch_times=true* ]]; then
+  done
+  for arm in "${arms[@]}"; do
+    [[ ${arm_conf[$arm]} == *trace.launch_times=true* ]] || continue
     for i in $(seq 1 "$runs"); do
       {
         echo
-        echo "<!-- $program, vaswap run $i: scripts/vaswap report on its trace -->"
-        scripts/vaswap report --no-progress "$runs_dir/${program}_vaswap_$i.jsonl" 2>/dev/null |
-          sed -n '/^## Launch times/,/^## /p' | sed '$ { /^## /d }' | sed "s/^## Launch times of .*/### $program, run $i: launch times/"
+        echo "<!-- $program, $arm run $i: scripts/vaswap report on its trace -->"
+        scripts/vaswap report --no-progress "$runs_dir/${program}_${arm}_$i.jsonl" 2>/dev/null |
+          sed -n '/^## Launch times/,/^## /p' | sed '$ { /^## /d }' | sed "s/^## Launch times of .*/### $program, $arm run $i: launch times/"
       } >>"$md"
     done
-  fi
+  done
 done
 echo "status=$status"
 exit $status
