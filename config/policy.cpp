@@ -248,11 +248,13 @@ const Key kSchema[] = {
    "Launches after its last use that a region is released.",
    [](Policy& p, const std::string& v) { return parse_int(v, 0, 1000, &p.release_lag); },
    [](const Policy& p) { return std::to_string(p.release_lag); }},
-  {"schedule.release_after_use", "bool", "true or false", "true",
+  {"schedule.release_after_use", "bool", "true or false", "false",
    "A release due at a launch is issued as soon as its slot's last use before that launch has "
    "been enqueued (the launch before it, or the eager call after it that learning saw use the "
-   "slot last), so that its copy can run while the program works on the host in between. "
-   "false: at the launch.",
+   "slot last), so that its copy can run while the program works on the host in between. It "
+   "trusts that learning saw every use there: a use vaswap cannot see (docs/PLANNER.md, \"Not "
+   "seen\") would run after the release. Needs the guard (ignored with guard: false). Not yet "
+   "measured on a GPU.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.release_after_use); },
    [](const Policy& p) { return std::string(p.release_after_use ? "true" : "false"); }},
   {"schedule.model", "measured | given", "measured or given", "measured",

@@ -51,7 +51,7 @@ struct Policy {
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   bool d2h_gate = false;
-  bool release_after_use = true;  // schedule.release_after_use (here, beside a bool: no padding)
+  bool release_after_use = false;  // schedule.release_after_use (here, beside a bool: no padding)
   // offload inside one graph (rewritten graphs)
   Inside inside = Inside::auto_;
   int inside_lead = 8;

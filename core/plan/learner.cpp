@@ -59,22 +59,17 @@ void Learner::ask(CUstream stream) noexcept {
   }
 }
 
-void Learner::ask_eager(CUstream stream) noexcept {
-  const Driver& driver = *load_driver(nullptr);
-  if (eager_asked_ != nullptr) driver.cuEventDestroy(eager_asked_);
-  eager_asked_ = nullptr;
-  if (seen_.empty() || seen_.back().stream != stream) return;  // before the first launch, or aside
+CUevent Learner::ask_eager(CUstream stream) noexcept {
+  if (seen_.empty() || seen_.back().stream != stream) return nullptr;  // none yet, or aside
   try {
-    eager_asked_ = record_on(driver, stream);
+    return record_on(*load_driver(nullptr), stream);
   } catch (const Error&) {
-    eager_asked_ = nullptr;
+    return nullptr;
   }
 }
 
-void Learner::eager_acquired(CUstream stream, bool waited) noexcept {
+void Learner::eager_acquired(CUevent before, CUstream stream, bool waited) noexcept {
   const Driver& driver = *load_driver(nullptr);
-  CUevent before = eager_asked_;
-  eager_asked_ = nullptr;
   if (before == nullptr) return;
   if (!waited || seen_.empty()) {
     driver.cuEventDestroy(before);
@@ -200,10 +195,8 @@ void Learner::forget(Slot* slot) {
 void Learner::clear() {
   drop_events(seen_);
   seen_.clear();
-  for (CUevent* event : {&asked_, &eager_asked_}) {
-    if (*event != nullptr) load_driver(nullptr)->cuEventDestroy(*event);
-    *event = nullptr;
-  }
+  if (asked_ != nullptr) load_driver(nullptr)->cuEventDestroy(asked_);
+  asked_ = nullptr;
 }
 
 double period_without_waits(const std::vector<LaunchClock>& window, plan::Period* period) {

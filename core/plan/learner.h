@@ -78,10 +78,12 @@ class Learner {
   // Before and after an eager call's slots are made resident on `stream`, as ask() for a launch:
   // where it `waited` (on the host, or a wait enqueued on the stream), the stream's wait is timed
   // and taken out of the period's times. Only on the stream of the last launch: a wait on another
-  // stream holds the launches back only where the program orders them after it. Never throw:
-  // without the events the wait stays in.
-  void ask_eager(CUstream stream) noexcept;
-  void eager_acquired(CUstream stream, bool waited) noexcept;
+  // stream holds the launches back only where the program orders them after it. ask_eager()'s
+  // event (null: none) is the caller's, so that calls from several threads keep their own; it
+  // goes back through eager_acquired(), which keeps or destroys it. Never throw: without the
+  // events the wait stays in.
+  CUevent ask_eager(CUstream stream) noexcept;
+  void eager_acquired(CUevent before, CUstream stream, bool waited) noexcept;
   // The period observe() returned, with its events; learning is empty again.
   std::shared_ptr<Learned> take(int period, int repeats);
 
@@ -93,8 +95,7 @@ class Learner {
 
  private:
   std::vector<Seen> seen_;
-  CUevent asked_ = nullptr;        // ask()'s, until observe() takes it
-  CUevent eager_asked_ = nullptr;  // ask_eager()'s, until eager_acquired() keeps or drops it
+  CUevent asked_ = nullptr;  // ask()'s, until observe() takes it
 };
 
 // On the planning worker: the period's timing on the device's clock (it waits for the last

@@ -132,12 +132,22 @@ class Planner {
     if (issued != nullptr) record.add("issued", issued);
     record.emit();
   }
-  // schedule.release_after_use: a release issued before its position's launch.
+  // schedule.release_after_use, which trusts learning's view of the eager work after a launch:
+  // with the guard off that work is not scanned in steady state, and a use of a slot that learning
+  // did not see would run after its release.
+  bool releases_after_use() const { return policy_.release_after_use && policy_.guard; }
+  // A release issued before its position's launch. Those residency leaves resident (a launch of
+  // another thread still pins the slot) are issued again at the next launch.
   void release_early(const std::vector<Slot*>& slots, CUstream stream, const char* issued) {
     if (slots.empty()) return;
-    residency::evict(slots, "plan");
-    counters_.planned_offloads += slots.size();
-    trace_action(trace::Event::plan_offload, slots, stream, issued);
+    const std::vector<Slot*> left = residency::evict(slots, "plan");
+    std::vector<Slot*> released;
+    for (Slot* slot : slots) {
+      if (std::find(left.begin(), left.end(), slot) == left.end()) released.push_back(slot);
+    }
+    retry_releases_.insert(retry_releases_.end(), left.begin(), left.end());
+    counters_.planned_offloads += released.size();
+    if (!released.empty()) trace_action(trace::Event::plan_offload, released, stream, issued);
   }
 
   // On the planning worker, without mutex_ (takes it to publish).
@@ -149,7 +159,8 @@ class Planner {
   Phase phase_ = Phase::off;
   std::atomic<bool> eager_{true};
   Learner learner_;
-  Executor executor_;        // the period being planned or in force, and its plan
+  Executor executor_;                  // the period being planned or in force, and its plan
+  std::vector<Slot*> retry_releases_;  // early releases left resident: again at the next launch
   uint64_t generation_ = 0;  // bumped whenever learning starts over; stale plans are dropped
   std::unique_ptr<Worker> planning_worker_;
   std::unique_ptr<MemorySampler> sampler_;
@@ -226,6 +237,7 @@ void Planner::learn(const char* why) {
   const Phase was = phase_;
   learner_.clear();
   executor_.clear();
+  retry_releases_.clear();
   ++generation_;
   residency::set_schedule({});
   set_phase(Phase::learning);
@@ -575,8 +587,19 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
   }
   residency::at_position(executor_.position());
   const uint64_t generation = generation_;
+  // Early releases residency left resident: again here, where they were due (not after a launch
+  // out of order, which may use them).
+  std::vector<Slot*> retry;
+  retry.swap(retry_releases_);
   if (phase_ == Phase::steady) {
-    const std::vector<Slot*> releases = executor_.releases();  // those not issued early
+    std::vector<Slot*> releases = executor_.releases();  // those not issued early
+    if (found == expected) {
+      for (Slot* slot : retry) {
+        if (std::find(releases.begin(), releases.end(), slot) == releases.end()) {
+          releases.push_back(slot);
+        }
+      }
+    }
     if (!releases.empty()) {
       residency::evict(releases, "plan");
       counters_.planned_offloads += releases.size();
@@ -594,6 +617,8 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
     trace_action(trace::Event::plan_restore, restores, stream);
   }
   executor_.next();
+  ticket.next_position = executor_.position();
+  ticket.generation = generation_;
   return ticket;
 }
 
@@ -644,9 +669,11 @@ void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
                           const Ticket& ticket) {
   residency::used(ticket.acquired);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::steady && ticket.result == CUDA_SUCCESS && policy_.release_after_use) {
+  if (phase_ == Phase::steady && ticket.result == CUDA_SUCCESS && releases_after_use() &&
+      ticket.generation == generation_ && ticket.next_position == executor_.position()) {
     // The next position's releases whose slots this launch used last: their D2H may begin as
-    // soon as the launch ends, whatever the program does on the host before the next one.
+    // soon as the launch ends, whatever the program does on the host before the next one. Not
+    // where another thread's launch was handled meanwhile: the position is no longer this one's.
     release_early(executor_.due_after_launch(), stream, "after_launch");
   }
   if (policy_.mode == Mode::rules) {
@@ -682,20 +709,24 @@ Ticket Planner::before_eager(const char* symbol, CUstream stream, const std::vec
   std::unique_lock<std::mutex> lock(mutex_);
   // Learning times the stream's waits for this call's slots, as a launch's (no event into a
   // capture: invariant 5).
-  const bool timed = phase_ == Phase::learning && capture_gate::open() == 0;
-  if (timed) learner_.ask_eager(stream);
+  const uint64_t generation = generation_;
+  const CUevent asked =
+      phase_ == Phase::learning && capture_gate::open() == 0 ? learner_.ask_eager(stream) : nullptr;
   Ticket ticket = acquire(lock, slots, stream, symbol, "eager", checked, shape);
-  if (timed && phase_ == Phase::learning) {
+  if (asked != nullptr) {
+    // Kept only while the same learning goes on (it may have started over meanwhile).
     const residency::Acquired& a = ticket.acquired;
-    learner_.eager_acquired(
-        stream, ticket.result == CUDA_SUCCESS && (a.waits > 0 || a.host_waited || a.map_waited));
+    const bool waited = ticket.result == CUDA_SUCCESS &&
+                        (a.waits > 0 || a.host_waited || a.map_waited) &&
+                        phase_ == Phase::learning && generation_ == generation;
+    learner_.eager_acquired(asked, stream, waited);
   }
   if (ticket.result != CUDA_SUCCESS) {
     log().error("{}", ticket.message);
     return ticket;
   }
   if (phase_ == Phase::learning) learner_.also_uses(slots);
-  if (phase_ == Phase::steady && policy_.release_after_use) {
+  if (phase_ == Phase::steady && releases_after_use()) {
     ticket.release_after = executor_.due_after_eager(slots);
     ticket.generation = generation_;
   }
@@ -740,6 +771,8 @@ void Planner::forget(Slot* slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   const bool planned = executor_.forget(slot);
   learner_.forget(slot);
+  retry_releases_.erase(std::remove(retry_releases_.begin(), retry_releases_.end(), slot),
+                        retry_releases_.end());
   if (planned || phase_ == Phase::planning) learn("a slot in the plan was freed");
 }
 

@@ -59,6 +59,7 @@ struct Ticket {
   // (schedule.release_after_use), issued once it is enqueued, if learning has not begun again.
   std::vector<Slot*> release_after;
   uint64_t generation = 0;
+  int next_position = -1;  // a steady launch's: the executor's position once it was handled
 };
 
 // Before and after the real graph launch. `slots`: the slots the graph's nodes reference.

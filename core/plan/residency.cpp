@@ -416,7 +416,7 @@ class Residency {
   void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
   void take_back_offloaded(Slot* slot, void* host);
   void with_pages(Slot* slot, const std::function<void()>& fn);
-  void evict(const std::vector<Slot*>& slots, const char* cause);
+  std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause);
   void prefetch(const std::vector<Slot*>& slots);
   void set_schedule(const std::vector<std::vector<Slot*>>& uses);
   void at_position(int position) {
@@ -2242,8 +2242,9 @@ void Residency::take_back_offloaded(Slot* slot, void* host) {
   changed_.notify_all();
 }
 
-void Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
-  if (slots.empty()) return;
+std::vector<Slot*> Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
+  std::vector<Slot*> left;  // resident, and left so
+  if (slots.empty()) return left;
   std::lock_guard<std::mutex> submit(submit_);
   Actions actions;
   actions.device = slots[0]->device;
@@ -2252,26 +2253,33 @@ void Residency::evict(const std::vector<Slot*>& slots, const char* cause) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (Slot* slot : slots) {
       Entry* e = find_locked(slot);
-      if (e != nullptr && e->device == actions.device && e->where == Where::resident &&
-          e->pins == 0 && (!device_locked(e->device).device_handshake || evicts_ahead_locked(*e))) {
+      if (e == nullptr || e->device != actions.device || e->where != Where::resident) continue;
+      if (e->pins == 0 && (!device_locked(e->device).device_handshake || evicts_ahead_locked(*e))) {
         victims.push_back(e);
+      } else {
+        left.push_back(slot);
       }
     }
   }
   std::string why;
   if (!ensure_host_copies(victims, &why)) {
     log().warn("a planned eviction of {} slot(s) is skipped: {}", victims.size(), why);
-    return;
+    for (Entry* v : victims) left.push_back(v->slot);
+    return left;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (Entry* v : victims) {
-      if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
+      if (entries_.count(v->slot) == 0 || v->where != Where::resident) continue;
+      if (v->pins == 0) {
         evict_locked(*v, cause, &actions);
+      } else {
+        left.push_back(v->slot);
       }
     }
   }
   carry_out(actions, false, nullptr);
+  return left;
 }
 
 void Residency::prefetch(const std::vector<Slot*>& slots) {
@@ -3800,11 +3808,14 @@ void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve) {
 void take_back_offloaded(Slot* slot, void* host) { the().take_back_offloaded(slot, host); }
 void with_pages(Slot* slot, const std::function<void()>& fn) { the().with_pages(slot, fn); }
 // The plan's moves at a position may name slots of several devices (one plan per device).
-void evict(const std::vector<Slot*>& slots, const char* cause) {
-  by_device(slots, [cause](const std::vector<Slot*>& group) {
-    the().evict(group, cause);
+std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause) {
+  std::vector<Slot*> left;
+  by_device(slots, [cause, &left](const std::vector<Slot*>& group) {
+    const std::vector<Slot*> kept = the().evict(group, cause);
+    left.insert(left.end(), kept.begin(), kept.end());
     return CUDA_SUCCESS;
   });
+  return left;
 }
 void prefetch(const std::vector<Slot*>& slots) {
   by_device(slots, [](const std::vector<Slot*>& group) {

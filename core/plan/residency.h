@@ -139,9 +139,10 @@ void take_back_offloaded(Slot* slot, void* host);
 void with_pages(Slot* slot, const std::function<void()>& fn);
 
 // The plan's actions. evict: offload `slots` that are resident and not in use now (after their
-// last use). prefetch: start restoring `slots` that are away, evicting others if the budget says
-// so. Neither waits.
-void evict(const std::vector<Slot*>& slots, const char* cause);
+// last use); returns those it left resident (in use by a launch being made, an eviction the
+// device handshake cannot enqueue ahead yet, no host copy). prefetch: start restoring `slots`
+// that are away, evicting others if the budget says so. Neither waits.
+std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause);
 void prefetch(const std::vector<Slot*>& slots);
 
 // The learned period, for choosing what to evict: per position, the slots used there. Empty

@@ -56,9 +56,9 @@ class LearnerTimesTest : public SimTest {
         return learned;
       }
       if (exec == graph(1)) {
-        learner.ask_eager(eager_stream);
+        const CUevent before = learner.ask_eager(eager_stream);
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
-        learner.eager_acquired(eager_stream, waited);
+        learner.eager_acquired(before, eager_stream, waited);
         busy(eager_stream, 1);
       }
     }
