@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <system_error>
 
 #include "base/trace.h"
 
@@ -36,7 +37,14 @@ bool D2hGates::raise(int device, uint64_t limit_ns) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = gates_.find(device);
     if (it == gates_.end() || it->second.since_ns != 0) return false;
-    if (!keeper_.joinable()) keeper_ = std::thread([this] { keep(); });
+    if (!keeper_.joinable()) {
+      // Without the gatekeeper nothing would bound the gate: not raised.
+      try {
+        keeper_ = std::thread([this] { keep(); });
+      } catch (const std::system_error&) {
+        return false;
+      }
+    }
     Gate& gate = it->second;
     gate.since_ns = trace::now_ns();
     gate.deadline_ns = gate.since_ns + limit_ns;
@@ -105,8 +113,9 @@ uint64_t gate_limit_ns(uint64_t bytes, double d2h_gbps) {
   constexpr uint64_t kNoFigureNs = 4000000, kLeastNs = 1000000, kMostNs = 20000000;
   if (!(d2h_gbps > 0) || bytes == 0) return kNoFigureNs;
   const double copy_ns = static_cast<double>(bytes) / d2h_gbps;  // bytes / (GB/s) = ns
-  const auto limit = static_cast<uint64_t>(std::ceil(1.5 * copy_ns));
-  return std::clamp(limit, kLeastNs, kMostNs);
+  const double limit = std::ceil(1.5 * copy_ns);                 // clamped as a double: no overflow
+  return static_cast<uint64_t>(
+      std::clamp(limit, static_cast<double>(kLeastNs), static_cast<double>(kMostNs)));
 }
 
 }  // namespace vaswap::residency

@@ -374,7 +374,14 @@ struct Device {
   MoverState mover_state;             // where that restore stands
   uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
-  uint64_t decisions = 0;             // evictions and restores decided (under the state lock)
+  // Evictions whose D2H is enqueued, with their timing events, until the events go back to the
+  // spares (d2h_running: the unmapper holds the copies it waits for in a list of its own).
+  struct CopyOut {
+    CUevent start = nullptr, done = nullptr;
+    uint64_t bytes = 0;
+  };
+  std::vector<CopyOut> copies_out;
+  uint64_t decisions = 0;  // evictions and restores decided (under the state lock)
   // residency.d2h_gate: a flag every eviction's D2H enqueued ahead waits on to be 0, raised and
   // lowered through Residency::gates_ (plan/d2h_gate.h; see do_restore).
   Flag gate;
@@ -385,6 +392,11 @@ struct Device {
 void give_back_events_locked(Device& d, const Unmap& unmap) {
   if (unmap.start != nullptr) d.spare_events.push_back(unmap.start);
   if (unmap.done != nullptr) d.spare_events.push_back(unmap.done);
+  if (unmap.start == nullptr) return;
+  d.copies_out.erase(
+      std::remove_if(d.copies_out.begin(), d.copies_out.end(),
+                     [&](const Device::CopyOut& c) { return c.start == unmap.start; }),
+      d.copies_out.end());
 }
 
 // What one decision asks the application's thread to do once the state lock is dropped.
@@ -2948,17 +2960,23 @@ bool Residency::raise_gate(Device& d, uint64_t d2h_bytes) {
 }
 
 // The bytes of the largest eviction whose D2H has begun on the device (its start event, recorded
-// after the gate's wait, has completed) and not ended; 0 when none. Under the lock the unmapper
-// takes to hand the events back as spares, so they are not recorded again meanwhile.
+// after the gate's wait, has completed) and not ended; 0 when none. The events are queried after
+// the lock is dropped: every application thread's decision takes it, and a driver call may wait
+// behind a map (docs/PERFORMANCE.md, fact 6). An eviction that ends meanwhile hands its events
+// back as spares, and one recorded again by then gives a wrong answer, which only decides whether
+// the gate goes up.
 uint64_t Residency::d2h_running(Device& d) {
+  std::vector<Device::CopyOut> copies;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    copies = d.copies_out;
+  }
   const Driver& driver = drv();
-  std::lock_guard<std::mutex> lock(mutex_);
   uint64_t largest = 0;
-  for (const Unmap& u : d.unmaps) {
-    if (u.submitted && u.start != nullptr && u.done != nullptr && u.bytes > largest &&
-        driver.cuEventQuery(u.start) == CUDA_SUCCESS &&
-        driver.cuEventQuery(u.done) == CUDA_ERROR_NOT_READY) {
-      largest = u.bytes;
+  for (const Device::CopyOut& c : copies) {
+    if (c.bytes > largest && driver.cuEventQuery(c.start) == CUDA_SUCCESS &&
+        driver.cuEventQuery(c.done) == CUDA_ERROR_NOT_READY) {
+      largest = c.bytes;
     }
   }
   return largest;
@@ -3214,6 +3232,9 @@ void Residency::do_evict(Device& d, const Job& job) {
     unmap.done = job.done;
     unmap.out = job.ahead ? job.out : d.offload;
     unmap.queued_ns = trace::now_ns();
+    if (unmap.start != nullptr && unmap.done != nullptr) {
+      d.copies_out.push_back({unmap.start, unmap.done, unmap.bytes});
+    }
     ++d.unmaps_in_flight;
     d.unmaps.push_back(std::move(unmap));
   }
@@ -3367,6 +3388,8 @@ bool Residency::submit_copy(Device& d, Unmap& unmap) {
   }
   record_or_die(driver, unmap.done, d.offload,
                 "the end of the eviction of slot " + std::to_string(unmap.slot));
+  std::lock_guard<std::mutex> lock(mutex_);
+  d.copies_out.push_back({unmap.start, unmap.done, unmap.bytes});
   return true;
 }
 
