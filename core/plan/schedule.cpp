@@ -541,6 +541,26 @@ bool fits(const Period& period, const Knobs& knobs) {
          pages_used(period) <= std::max(knobs.budget_pages, knobs.limit_pages);
 }
 
+std::vector<size_t> restore_order(const std::vector<Window>& windows, int period,
+                                  const std::vector<uint64_t>& region_bytes) {
+  // Positions from the restore to its use, 1..period: a use at the restore's own position is the
+  // next period's.
+  const auto lead = [period](const Window& w) {
+    return ((w.next_use - w.restore_at) % period + period - 1) % period + 1;
+  };
+  std::vector<size_t> order(windows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Window& wa = windows[a];
+    const Window& wb = windows[b];
+    if (wa.restore_at != wb.restore_at) return wa.restore_at < wb.restore_at;
+    if (lead(wa) != lead(wb)) return lead(wa) < lead(wb);
+    return region_bytes[static_cast<size_t>(wa.region)] <
+           region_bytes[static_cast<size_t>(wb.region)];
+  });
+  return order;
+}
+
 Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   Plan plan;
   const int n = static_cast<int>(period.start_us.size());

@@ -100,6 +100,14 @@ bool fits(const Period& period, const Knobs& knobs);
 
 Plan choose(const Period& period, const Model& model, const Knobs& knobs);
 
+// The order in which the restores a plan issues at one position go to residency, as choose()'s
+// replay assumes: the nearest next use first, then the smaller copy, then as given. Residency
+// maps them in this order as the releases give room, so a restore needed later no longer takes
+// the room of one needed sooner. `region_bytes` is indexed by Window::region; `period` is the
+// number of positions. Returns indices into `windows`, sorted by restore_at and then this order.
+std::vector<size_t> restore_order(const std::vector<Window>& windows, int period,
+                                  const std::vector<uint64_t>& region_bytes);
+
 // The smallest period P such that the last `repeats` periods were the same, and one key more has
 // begun the next one: the last repeats * P + 1 keys repeat with period P. 0 when there is none.
 template <class Key>

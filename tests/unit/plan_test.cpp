@@ -402,5 +402,30 @@ TEST(Choose, NoPlanKeepsAWindowTheBudgetDoesNotNeed) {
   EXPECT_LT(for_room, windows / 20) << for_room << " of " << windows;  // the exception
 }
 
+// Restores issued at one position go out nearest use first, then smaller first: a restore needed
+// later must not take the room of one needed sooner (the replay in choose() assumes this order).
+TEST(RestoreOrder, NearestUseFirstThenSmallerThenAsGiven) {
+  const int n = 8;
+  const std::vector<uint64_t> bytes = {100 * kMiB, 128 * kMiB, 32 * kMiB, 128 * kMiB, 64 * kMiB};
+  std::vector<Window> windows(6);
+  const auto set = [&](size_t i, int region, int restore_at, int next_use) {
+    windows[i].region = region;
+    windows[i].restore_at = restore_at;
+    windows[i].next_use = next_use;
+  };
+  set(0, 0, 1, 6);  // 100 MiB, used 5 positions later
+  set(1, 1, 1, 5);  // 128 MiB, used 4 later: before region 0 although larger
+  set(2, 2, 6, 1);  // wraps: used 3 positions later, in the next period
+  set(3, 3, 1, 5);  // 128 MiB, as region 1: kept after it (as given)
+  set(4, 4, 1, 1);  // used at its own position: the next period's, 8 later, so last at 1
+  set(5, 2, 0, 7);  // issued at position 0: before every window issued at 1
+  const std::vector<size_t> order = restore_order(windows, n, bytes);
+  EXPECT_EQ(order, (std::vector<size_t>{5, 1, 3, 0, 4, 2}));
+
+  windows[3].region = 2;  // now 32 MiB: as near as region 1 and smaller, so it goes first
+  EXPECT_EQ(restore_order(windows, n, bytes), (std::vector<size_t>{5, 3, 1, 0, 4, 2}));
+  EXPECT_TRUE(restore_order({}, n, bytes).empty());
+}
+
 }  // namespace
 }  // namespace vaswap::plan
