@@ -42,6 +42,7 @@ void Executor::reset_early() {
   const size_t n = p < releases_.size() ? releases_[p].size() : 0;
   calls_.assign(n, 0);
   issued_.assign(n, false);
+  issued_count_ = 0;
 }
 
 int Executor::locate(CUgraphExec exec, int* expected) {
@@ -63,42 +64,43 @@ int Executor::locate(CUgraphExec exec, int* expected) {
   return -1;
 }
 
-std::vector<Slot*> Executor::releases() const {
+const std::vector<Slot*>& Executor::releases() const {
   const auto p = static_cast<size_t>(position_);
-  if (p >= releases_.size()) return {};
-  std::vector<Slot*> left;
+  if (p >= releases_.size()) return kNothing;
+  if (issued_count_ == 0) return releases_[p];  // the common case: nothing issued early
+  left_.clear();
   for (size_t i = 0; i < releases_[p].size(); ++i) {
-    if (!issued_[i]) left.push_back(releases_[p][i]);
+    if (!issued_[i]) left_.push_back(releases_[p][i]);
   }
-  return left;
+  return left_;
+}
+
+template <class Due>
+std::vector<Slot*> Executor::take_due(Due due) {
+  const auto p = static_cast<size_t>(position_);
+  std::vector<Slot*> out;
+  if (p >= releases_.size() || issued_count_ == releases_[p].size()) return out;
+  for (size_t i = 0; i < releases_[p].size(); ++i) {
+    if (issued_[i] || !due(i)) continue;
+    issued_[i] = true;
+    ++issued_count_;
+    out.push_back(releases_[p][i]);
+  }
+  return out;
 }
 
 std::vector<Slot*> Executor::due_after_launch() {
   const auto p = static_cast<size_t>(position_);
-  std::vector<Slot*> due;
-  if (p >= releases_.size()) return due;
-  for (size_t i = 0; i < releases_[p].size(); ++i) {
-    if (!issued_[i] && after_calls_[p][i] == 0) {
-      issued_[i] = true;
-      due.push_back(releases_[p][i]);
-    }
-  }
-  return due;
+  return take_due([&](size_t i) { return after_calls_[p][i] == 0; });
 }
 
 std::vector<Slot*> Executor::due_after_eager(const std::vector<Slot*>& used) {
   const auto p = static_cast<size_t>(position_);
-  std::vector<Slot*> due;
-  if (p >= releases_.size()) return due;
-  for (size_t i = 0; i < releases_[p].size(); ++i) {
-    if (issued_[i] || after_calls_[p][i] <= 0) continue;
-    if (std::find(used.begin(), used.end(), releases_[p][i]) == used.end()) continue;
-    if (++calls_[i] == after_calls_[p][i]) {
-      issued_[i] = true;
-      due.push_back(releases_[p][i]);
-    }
-  }
-  return due;
+  return take_due([&](size_t i) {
+    if (after_calls_[p][i] <= 0) return false;
+    if (std::find(used.begin(), used.end(), releases_[p][i]) == used.end()) return false;
+    return ++calls_[i] == after_calls_[p][i];
+  });
 }
 
 const std::vector<Slot*>& Executor::restores() const {
@@ -125,6 +127,7 @@ bool Executor::forget(Slot* slot) {
     const auto i = static_cast<size_t>(it - list.begin());
     after_calls_[p].erase(after_calls_[p].begin() + static_cast<std::ptrdiff_t>(i));
     if (p == static_cast<size_t>(position_)) {
+      if (issued_[i]) --issued_count_;
       calls_.erase(calls_.begin() + static_cast<std::ptrdiff_t>(i));
       issued_.erase(issued_.begin() + static_cast<std::ptrdiff_t>(i));
     }

@@ -37,8 +37,8 @@ class Executor {
   // when the period has no such graph (a new pattern). `expected` gets the position expected.
   int locate(CUgraphExec exec, int* expected);
   // What is due at the current position (empty until a plan is installed): its releases not
-  // issued early (below), and its restores.
-  std::vector<Slot*> releases() const;
+  // issued early (below), and its restores. Valid until the executor changes.
+  const std::vector<Slot*>& releases() const;
   const std::vector<Slot*>& restores() const;
   // The launch at the current position was handled: on to the next.
   void next();
@@ -64,7 +64,13 @@ class Executor {
   // The current position's releases: eager calls counted for each, and which were issued early.
   std::vector<int> calls_;
   std::vector<bool> issued_;
+  size_t issued_count_ = 0;
+  mutable std::vector<Slot*> left_;  // releases(), where some were issued early
   void reset_early();
+  // Marks as issued, and returns, the current position's releases not yet issued for which
+  // `due(i)` holds (i: the release's index in its position).
+  template <class Due>
+  std::vector<Slot*> take_due(Due due);
 };
 
 }  // namespace planner

@@ -602,14 +602,19 @@ Ticket Planner::advance(std::unique_lock<std::mutex>& lock, const char* symbol, 
   std::vector<Slot*> retry;
   retry.swap(retry_releases_);
   if (phase_ == Phase::steady) {
-    std::vector<Slot*> releases = executor_.releases();  // those not issued early
-    if (found == expected) {
+    // Those not issued early (the executor's own list: no copy unless a retry joins it).
+    const std::vector<Slot*>* due = &executor_.releases();
+    std::vector<Slot*> with_retry;
+    if (found == expected && !retry.empty()) {
+      with_retry = *due;
       for (Slot* slot : retry) {
-        if (std::find(releases.begin(), releases.end(), slot) == releases.end()) {
-          releases.push_back(slot);
+        if (std::find(with_retry.begin(), with_retry.end(), slot) == with_retry.end()) {
+          with_retry.push_back(slot);
         }
       }
+      due = &with_retry;
     }
+    const std::vector<Slot*>& releases = *due;
     if (!releases.empty()) {
       residency::evict(releases, "plan");
       counters_.planned_offloads += releases.size();

@@ -140,5 +140,18 @@ TEST(ExecutorTest, AFreedSlotLeavesTheEarlyCountsOfItsPosition) {
   EXPECT_EQ(e.releases(), std::vector<Slot*>{slot(6)});
 }
 
+TEST(ExecutorTest, AFreedSlotIssuedEarlyLeavesTheRestDueAtTheLaunch) {
+  Executor e = early_releases();
+  EXPECT_EQ(e.due_after_launch(), std::vector<Slot*>{slot(4)});
+  EXPECT_EQ(e.releases(), (std::vector<Slot*>{slot(5), slot(6)}));
+  // Slot 4 was issued early and is now freed: nothing issued early is left, and both others are
+  // still due at graph 3's launch.
+  EXPECT_TRUE(e.forget(slot(4)));
+  EXPECT_EQ(e.releases(), (std::vector<Slot*>{slot(5), slot(6)}));
+  EXPECT_TRUE(e.due_after_eager({slot(5)}).empty());
+  EXPECT_EQ(e.due_after_eager({slot(5)}), std::vector<Slot*>{slot(5)});
+  EXPECT_EQ(e.releases(), std::vector<Slot*>{slot(6)});
+}
+
 }  // namespace
 }  // namespace vaswap::planner
