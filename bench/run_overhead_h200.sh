@@ -34,7 +34,9 @@
 #   INSIDE_CONF (inside.mode=on), RUN_TIMEOUT (300 s per run), EXTRA_CONF_B (a second arm under
 #   vaswap: the program's policy with these keys instead of EXTRA_CONF's, run after the first in
 #   each run on the same machine, and given a row of its own against the same runs without
-#   vaswap: an A/B of two settings), EXTRA_CONF (policy keys added to
+#   vaswap: an A/B of two settings), VASWAP_LIB_B (the second arm's library, with EXTRA_CONF's
+#   keys unless EXTRA_CONF_B is set: an A/B of two builds; rows then name each library),
+#   EXTRA_CONF (policy keys added to
 #   every program's, e.g. residency.handshake=device; with trace.launch_times=true each program's
 #   table row is followed by the "Launch times" section of `vaswap report` for each vaswap run:
 #   where a step's device time went. TORCH_BUDGET=auto (nothing moves) gives the same figures
@@ -59,7 +61,7 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
-  echo "# command: RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: ${VASWAP_LIB:+VASWAP_LIB=$VASWAP_LIB }${VASWAP_LIB_B:+VASWAP_LIB_B=$VASWAP_LIB_B }RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
   echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|"
@@ -98,16 +100,19 @@ for program in "${programs[@]}"; do
   # The arms under vaswap: "vaswap" (EXTRA_CONF), and "vaswapB" (EXTRA_CONF_B) where set.
   arms=(vaswap)
   declare -A arm_conf=([vaswap]=$conf)
-  if [[ -n ${EXTRA_CONF_B:-} ]]; then
+  declare -A arm_lib=([vaswap]=$lib)
+  if [[ -n ${EXTRA_CONF_B:-} || -n ${VASWAP_LIB_B:-} ]]; then
     arms+=(vaswapB)
-    arm_conf[vaswapB]="${base_conf}${base_conf:+,}$EXTRA_CONF_B"
+    arm_conf[vaswapB]=$conf
+    [[ -n ${EXTRA_CONF_B:-} ]] && arm_conf[vaswapB]="${base_conf}${base_conf:+,}$EXTRA_CONF_B"
+    arm_lib[vaswapB]=${VASWAP_LIB_B:-$lib}
   fi
   for i in $(seq 1 "$runs"); do
     timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" --out "$runs_dir/${program}_plain_$i.json" >"$runs_dir/${program}_plain_$i.txt" 2>&1 ||
       { echo "$program plain run $i failed"; status=1; }
     for arm in "${arms[@]}"; do
       run_conf=${arm_conf[$arm]}
-      VASWAP_CONF="${run_conf:+$run_conf,}log.level=info" timeout "${RUN_TIMEOUT:-300}" scripts/vaswap run --library "$lib" \
+      VASWAP_CONF="${run_conf:+$run_conf,}log.level=info" timeout "${RUN_TIMEOUT:-300}" scripts/vaswap run --library "${arm_lib[$arm]}" \
         --trace "$runs_dir/${program}_${arm}_$i.jsonl" -- "${cmd[@]}" --out "$runs_dir/${program}_${arm}_$i.json" \
         >"$runs_dir/${program}_${arm}_$i.txt" 2>"$runs_dir/${program}_${arm}_$i.err" ||
         { echo "$program $arm run $i failed: $(grep -m2 error "$runs_dir/${program}_${arm}_$i.err")"; status=1; }
@@ -115,9 +120,9 @@ for program in "${programs[@]}"; do
     done
   done
   for arm in "${arms[@]}"; do
-  python3 - "$runs_dir" "$program" "$runs" "$skip" "${arm_conf[$arm]}" "$arm" >>"$md" <<'PY' || status=1
+  python3 - "$runs_dir" "$program" "$runs" "$skip" "${arm_conf[$arm]}" "$arm" "${VASWAP_LIB_B:+${arm_lib[$arm]}}" >>"$md" <<'PY' || status=1
 import glob, json, os, statistics, sys
-d, program, runs, skip, policy, arm = sys.argv[1:]
+d, program, runs, skip, policy, arm, library = sys.argv[1:]
 runs, skip = int(runs), int(skip)
 def load(name):
     return json.load(open(os.path.join(d, name + ".json")))
@@ -149,7 +154,7 @@ for i in range(1, runs + 1):
     inside.append(f"{lent >> 20}, {100 * (1 - s['inside_peak_held'] / lent):.0f}%, "
                   f"{s['inside_on_demand']}, {s.get('inside_room_waits', 0)}" if lent else "-")
 p, u = statistics.median(plain), statistics.median(under)
-print(f"| {program} | `{policy or 'the default policy'}` | "
+print(f"| {program}{f' ({library})' if library else ''} | `{policy or 'the default policy'}` | "
       f"{p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
       f"{u:.2f} ({', '.join(f'{x:.2f}' for x in under)}) | {100 * (u / p - 1):+.1f}% | "
       f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, sorted(set(slots))))} | "
