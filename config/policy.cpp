@@ -428,7 +428,8 @@ const Key kSchema[] = {
   {"trace.launch_times", "bool", "true or false", "false",
    "Time every graph launch on the device and trace it (launch_time): how long its stream waited "
    "for vaswap before the graph, the graph itself, and the time since the stream's previous "
-   "launch. A diagnostic: three timing events per launch. vaswap report sums them per step.",
+   "launch. A diagnostic: three timing events per launch. vaswap report sums them per step and "
+   "names the graphs whose stream waited with the plan in force.",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.launch_times); },
    [](const Policy& p) { return std::string(p.launch_times ? "true" : "false"); }},
   {"log.level", "trace | debug | info | warn | error | off", "trace, debug, info, warn, error or off", "warn",

@@ -302,8 +302,9 @@ def launch_phases(run):
     """trace.launch_times: the device times of graph launches, by phase. A launch belongs to the
     phase in force when it was enqueued: "before a plan" until a `plan` event, "plan in force"
     from it until the next `learn`. Per phase: launches, the medians and sums of `graph_us`,
-    `parked_us` and `since_us`, the graph time per executable (median), and the launches per
-    period of the plan last in force (to give per-step figures)."""
+    `parked_us` and `since_us`, the graph and parked times per executable (medians), the
+    executables in the order first launched in the phase, and the launches per period of the
+    plan last in force (to give per-step figures)."""
     times = run.of("launch_time")
     if not times:
         return []
@@ -321,8 +322,10 @@ def launch_phases(run):
         if not launches:
             continue
         by_exec = collections.defaultdict(list)
-        for e in launches:
+        parked = collections.defaultdict(list)
+        for e in sorted(launches, key=lambda e: e["enqueued_ns"]):
             by_exec[e["exec"]].append(e["graph_us"])
+            parked[e["exec"]].append(e["parked_us"])
         rows.append({
             "phase": name,
             "launches": len(launches),
@@ -330,6 +333,8 @@ def launch_phases(run):
             "parked_us": [e["parked_us"] for e in launches],
             "since_us": [e["since_us"] for e in launches if "since_us" in e],
             "exec_graph_us": {x: statistics.median(v) for x, v in by_exec.items()},
+            "exec_parked_us": {x: statistics.median(v) for x, v in parked.items()},
+            "order": list(by_exec),
             "period": period,
         })
     return rows
@@ -380,6 +385,24 @@ def mib(value):
 
 def num(value, fmt="{:.1f}"):
     return "-" if value is None else fmt.format(value)
+
+
+PARKED_SHOWN_US = 20.0
+
+
+def parked_line(steady):
+    """Where the stream waited with a plan in force: each graph whose median parked time is over
+    PARKED_SHOWN_US, numbered by the order in which the phase first launched it (#1 first)."""
+    shown = [(i + 1, x, steady["exec_parked_us"][x]) for i, x in enumerate(steady["order"])
+             if steady["exec_parked_us"][x] > PARKED_SHOWN_US]
+    if not shown:
+        return (f"- with the plan in force, no graph's stream waited more than "
+                f"{PARKED_SHOWN_US:.0f} us (median per launch)")
+    total = sum(us for _, _, us in shown)
+    return (f"- with the plan in force, the graphs whose stream waited more than "
+            f"{PARKED_SHOWN_US:.0f} us (median per launch; #k: the k-th graph first launched "
+            f"under the plan): " + "; ".join(f"#{k} {x} {us / 1e3:.3f} ms" for k, x, us in shown)
+            + f"; {total / 1e3:.2f} ms in all")
 
 
 def tables(runs):
@@ -473,6 +496,9 @@ def tables(runs):
                             f"before a plan, {now / 1e3:.2f} ms with one in force "
                             f"({100 * (now / was - 1):+.1f}%: the graphs' own device time "
                             "with vaswap's copies and driver calls beside them)"]
+        steady = next((r for r in phases if r["phase"] == "plan in force"), None)
+        if steady:
+            out += [parked_line(steady)]
     for run in runs:
         out += handshake_lines(run) + ending_lines(run)
     problems = [p for run in runs for p in run.problems]

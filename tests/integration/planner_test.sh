@@ -175,6 +175,11 @@ assert "## Launch times of" in text, text[-2000:]
 rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| (before a plan|plan in force) \| (\d+) \|", text, re.M)}
 timed = sum(1 for line in open(sys.argv[2]) if '"ev":"launch_time"' in line)
 assert set(rows) == {"before a plan", "plan in force"} and sum(rows.values()) == timed, (rows, timed)
+# Where the stream waited under the plan: a line either way, naming only graphs the trace launched.
+line = next(l for l in text.splitlines() if l.startswith("- with the plan in force, "))
+execs = {json.loads(l)["exec"] for l in open(sys.argv[2]) if '"ev":"launch_time"' in l}
+named = re.findall(r"#\d+ (0x[0-9a-f]+) ", line)
+assert set(named) <= execs and ("no graph" in line) == (not named), (line, execs)
 print(f"     vaswap report: {rows['before a plan']} launches before the plan, {rows['plan in force']} with it")
 PY
 

@@ -184,6 +184,33 @@ def test_launch_times_are_split_at_the_plan_and_summed_per_period(tmp_path):
     assert cells == ["plan in force", "4", "1.900", "0.200; 0.250", "0.200; 0.200",
                      "3.80 + 0.50 + 0.40"]
     assert "summed medians: 3.00 ms before a plan, 3.80 ms with one in force (+26.7%" in out.stdout
+    # Where the stream waited under the plan: A first launched (enqueued at 60), parked 100 and
+    # 500 us (median 300); B parked 300 and 100 (median 200).
+    assert steady["order"] == ["0xa", "0xb"]
+    assert steady["exec_parked_us"] == {"0xa": 300.0, "0xb": 200.0}
+    assert ("(median per launch; #k: the k-th graph first launched under the plan): "
+            "#1 0xa 0.300 ms; #2 0xb 0.200 ms; 0.50 ms in all") in out.stdout
+
+
+def test_launch_times_show_no_graph_when_none_waited(tmp_path):
+    def ev(t_ns, name, **fields):
+        return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})
+
+    lines = [ev(0, "trace_begin", format="vaswap-trace", version=1),
+             ev(1, "learn", why="start", generation=1),
+             ev(5, "plan", plan=1, period=1),
+             ev(20, "launch_time", exec="0xa", stream="0x1", enqueued_ns=10, graph_us=900.0,
+                parked_us=19.0),
+             ev(40, "launch_time", exec="0xa", stream="0x1", enqueued_ns=30, graph_us=900.0,
+                parked_us=400.0, since_us=5.0),
+             ev(60, "launch_time", exec="0xa", stream="0x1", enqueued_ns=50, graph_us=900.0,
+                parked_us=3.0, since_us=5.0),
+             ev(100, "trace_end")]
+    path = tmp_path / "times.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = report(path)
+    assert out.returncode == 0, out.stderr
+    assert "no graph's stream waited more than 20 us (median per launch)" in out.stdout
 
 
 def test_a_process_vaswap_ended_shows_where_each_thread_was(tmp_path):
