@@ -411,6 +411,7 @@ void Planner::plan(Learned& learned, uint64_t generation) {
     plan::Plan plan;
     uint64_t region_bytes = 0;
     size_t regions = 0;
+    double copy_us = 0;  // the plan's copies each way, back to back at the model's slower speed
   };
   std::vector<Part> parts;
   std::vector<plan::Window> windows;  // regions: indices into learned.regions
@@ -460,6 +461,10 @@ void Planner::plan(Learned& learned, uint64_t generation) {
       }
     }
     part.plan = plan::choose(sub, model, knobs);
+    if (part.plan.moved_bytes > 0) {
+      part.copy_us =
+          std::max(model.h2d_us(part.plan.moved_bytes), model.d2h_us(part.plan.moved_bytes));
+    }
     if (trace::enabled()) trace_plan_input(device, sub, model, knobs, learned.ids, global);
     for (plan::Window w : part.plan.windows) {
       w.region = global[static_cast<size_t>(w.region)];
@@ -501,6 +506,11 @@ void Planner::plan(Learned& learned, uint64_t generation) {
                     std::move(after_calls));
   set_phase(Phase::steady);
   if (!trace::enabled()) return;
+  // The device time the period's graphs run, what copies can hide behind besides host gaps.
+  double graphs_us = 0;
+  for (size_t i = 0; i < learned.period.start_us.size(); ++i) {
+    graphs_us += learned.period.end_us[i] - learned.period.start_us[i];
+  }
   for (const Part& part : parts) {  // one event per device, under the one plan number
     const plan::Plan& chosen = part.plan;
     trace::Record(trace::Event::plan)
@@ -520,6 +530,9 @@ void Planner::plan(Learned& learned, uint64_t generation) {
         .add("windows", static_cast<uint64_t>(chosen.windows.size()))
         .add("peak_bytes", chosen.peak_bytes)
         .add("exposed_us", chosen.exposed_us)
+        .add("moved_bytes", chosen.moved_bytes)
+        .add("copy_us", part.copy_us)
+        .add("graphs_us", graphs_us)
         .add("reason", chosen.reason)
         .emit();
   }

@@ -648,6 +648,9 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
     return a.region != b.region ? a.region < b.region : a.last_use < b.last_use;
   });
   plan.peak_bytes = chosen.chooser.peak_with(nullptr);
+  for (const Window& w : plan.windows) {
+    plan.moved_bytes += period.region_bytes[static_cast<size_t>(w.region)];
+  }
   const int64_t worst = chosen.worst();
   plan.resident_peak = static_cast<uint64_t>(static_cast<int64_t>(knobs.budget_pages) + worst);
   if (worst > 0) {

@@ -86,6 +86,7 @@ struct Window {
 struct Plan {
   std::vector<Window> windows;  // by region, then position
   uint64_t peak_bytes = 0;      // most device memory away at once (pages), in the model
+  uint64_t moved_bytes = 0;     // copied each way per period: every window's region, once
   uint64_t total_pages = 0;     // the pages of every region the period uses
   uint64_t resident_peak = 0;   // most pages resident at a position, with the windows taken
   uint64_t short_pages = 0;     // at the worst position, how far over the budget that still is

@@ -500,11 +500,28 @@ def tables(runs):
         if steady:
             out += [parked_line(steady)]
     for run in runs:
-        out += handshake_lines(run) + ending_lines(run)
+        out += plan_lines(run) + handshake_lines(run) + ending_lines(run)
     problems = [p for run in runs for p in run.problems]
     if problems:
         out += ["", "## Problems", ""] + [f"- {p}" for p in problems]
     return "\n".join(out) + "\n"
+
+
+def plan_lines(run):
+    """Per plan with windows: what its copies need of the link, against the device time of the
+    period's graphs (a period whose copies take longer than its graphs and host gaps shows them)."""
+    plans = [e for e in run.of("plan") if e.get("windows") and "moved_bytes" in e]
+    if not plans:
+        return []
+    out = ["", f"## Plans of {run.name}", ""]
+    for e in plans:
+        out.append(
+            f"- plan {e['plan']} (device {e.get('device', 0)}): {e['windows']} windows, "
+            f"{mib(e['moved_bytes'])} MiB each way per period: {e['copy_us'] / 1e3:.1f} ms of "
+            f"copies each way at the model's speed, in a {e['period_us'] / 1e3:.1f} ms period "
+            f"whose graphs run {e['graphs_us'] / 1e3:.1f} ms; {mib(e['peak_bytes'])} MiB of pages "
+            f"away at once; {e['exposed_us'] / 1e3:.1f} ms of restores the model cannot hide")
+    return out
 
 
 def handshake_lines(run):

@@ -60,6 +60,12 @@ assert plan["period"] == 16, plan
 assert plan["windows"] > 0 and plan["peak_bytes"] > 0, plan
 assert plan["budget"] == 40 << 20 and plan["total_pages"] == 64 << 20, plan
 assert plan["resident_peak"] <= plan["budget"] and plan["short_pages"] == 0, plan
+# What the plan asks of the link: the slot of each window once each way per period, at the given
+# 50 GB/s, against the device time of the graphs of the period (within the period).
+windows = [e for e in ev if e["ev"] == "plan_window" and e["plan"] == plan["plan"]]
+assert len(windows) == plan["windows"] and plan["moved_bytes"] == sum(w["bytes"] for w in windows), plan
+assert abs(plan["copy_us"] - plan["moved_bytes"] / 50e3) < 1, plan
+assert 0 < plan["graphs_us"] <= plan["period_us"], plan
 assert count("plan_offload") > 0 and count("plan_restore") > 0
 offloaded = sum(e["bytes"] for e in ev if e["ev"] == "d2h")
 restored = sum(e["bytes"] for e in ev if e["ev"] == "h2d")

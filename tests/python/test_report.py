@@ -192,6 +192,28 @@ def test_launch_times_are_split_at_the_plan_and_summed_per_period(tmp_path):
             "#1 0xa 0.300 ms; #2 0xb 0.200 ms; 0.50 ms in all") in out.stdout
 
 
+def test_plans_say_what_their_copies_need_of_the_link(tmp_path):
+    def ev(t_ns, name, **fields):
+        return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})
+
+    lines = [ev(0, "trace_begin", format="vaswap-trace", version=1),
+             ev(5, "plan", plan=1, device=0, period=16, period_us=56733.6, windows=23,
+                peak_bytes=608 << 20, exposed_us=1500.0, moved_bytes=736 << 20,
+                copy_us=13976.1, graphs_us=1702.4),
+             ev(6, "plan", plan=2, device=0, period=4, period_us=100.0, windows=0,
+                peak_bytes=0, exposed_us=0.0, moved_bytes=0, copy_us=0.0, graphs_us=80.0),
+             ev(100, "trace_end")]
+    path = tmp_path / "plans.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = report(path)
+    assert out.returncode == 0, out.stderr
+    plan_lines = [line for line in out.stdout.splitlines() if line.startswith("- plan ")]
+    assert plan_lines == [
+        "- plan 1 (device 0): 23 windows, 736 MiB each way per period: 14.0 ms of copies each way "
+        "at the model's speed, in a 56.7 ms period whose graphs run 1.7 ms; 608 MiB of pages away "
+        "at once; 1.5 ms of restores the model cannot hide"]
+
+
 def test_launch_times_show_no_graph_when_none_waited(tmp_path):
     def ev(t_ns, name, **fields):
         return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})

@@ -110,10 +110,14 @@ TEST(Choose, TakesTheWindowsTheBudgetNeedsLongestFirst) {
     EXPECT_GT(w.freed_us, 0.0);
   }
   EXPECT_TRUE(region0);
+  // Every region is 64 MiB: each window copies one each way per period.
+  EXPECT_EQ(plan.moved_bytes, plan.windows.size() * 64 * kMiB);
   // A looser budget needs fewer windows.
   const Plan looser = choose(forward_backward(10000), link(50, 100), budget(192 * kMiB));
   EXPECT_LT(looser.windows.size(), plan.windows.size());
   EXPECT_LE(looser.resident_peak, 192 * kMiB);
+  EXPECT_EQ(looser.moved_bytes, looser.windows.size() * 64 * kMiB);
+  EXPECT_EQ(choose(forward_backward(10000), link(50, 100), budget(256 * kMiB)).moved_bytes, 0u);
 }
 
 TEST(Choose, ABudgetTheWindowsCannotMeetIsReported) {
