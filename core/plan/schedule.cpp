@@ -12,20 +12,26 @@ namespace vaswap::plan {
 namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
-// The model is planned with margins: copies run alongside the program's own traffic, and VMM
-// calls made while the device computes took up to 3x the copy test's figure on the H200
-// (cuMemSetAccess 690 us for a 128 MiB region against 270 us for map and unmap in the test).
+// The model is planned with margins: copies run alongside the program's own traffic. Before the
+// run has seen its own maps, VMM calls are allowed three times the copy test's figure (on the H200
+// cuMemSetAccess took 690 us for a 128 MiB region beside the device's work against 270 us for map
+// and unmap in the test).
 constexpr double kCopyMargin = 1.25;
 constexpr double kRemapMargin = 3.0;
 // Below this a replayed set's restore time is rounding, not a copy that shows.
 constexpr double kShowsNothingUs = 1.0;
 
-// One region's map and unmap as the schedule allows for them: the copy test's figure with its
-// margin, or what the run's own maps and unmaps have cost where that is more (on the H200 a
-// 100-128 MiB region's map took 0.5-1 ms beside the run's copies, p90 about 1 ms, against a
-// 0.17-0.74 ms test: bench/results/remap_seen_session40_h200.md).
+// One region's map and unmap as the schedule allows for them. Where the run has seen its own maps
+// and unmaps (remap_seen_us, a high quantile of them, beside the run's copies), that figure, or
+// the copy test's where it is more: the margin stood for what the seen figure now measures. The
+// test's single best-of-three map can itself meet one of learning's D2Hs and read 0.6-1.1 ms
+// (cuMemSetAccess waits about 0.74 ms beside a D2H, docs/PERFORMANCE.md fact 6); three times that
+// made the schedule plan 2-3 ms remaps where the run's own took 1.1-1.2 ms, take 10-12 windows
+// instead of 8-9 and leave 4-6 ms a step exposed (bench/results/remap_margin_session44.md).
+// Without a seen figure, the test's with its margin.
 double remap_allowed_us(const Model& model) {
-  return std::max(kRemapMargin * model.remap_us, model.remap_seen_us);
+  if (model.remap_seen_us > 0) return std::max(model.remap_us, model.remap_seen_us);
+  return kRemapMargin * model.remap_us;
 }
 
 // One direction of the link, on a circle of one period: it carries one copy at a time (vaswap's

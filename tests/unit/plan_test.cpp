@@ -223,32 +223,40 @@ TEST(Choose, ARestoreIsIssuedAheadOfTheReleaseThatMakesItsRoom) {
   EXPECT_GT(short_one.exposed_us, 0.0);
 }
 
-TEST(Choose, MapsSeenSlowerThanTheMarginMoveTheRestoreEarlier) {
-  // The region of ARestoreIsIssuedAheadOfTheReleaseThatMakesItsRoom: with the copy test's 100 us
-  // and its margin (300 us a map and unmap) the restore is issued at 5. The run's own maps seen
-  // at 200 us change nothing (the margin covers them); seen at 2 ms, the room's unmap and the
-  // restore's map take 1 ms each, the lead is 1.68 + 1 + 1 + 1.68 = 5.36 ms, and the restore is
-  // issued at 3, the latest launch 5.36 ms ahead of the use at 9.
+TEST(Choose, MapsTheRunSawReplaceTheCopyTestsMargin) {
+  // The region of ARestoreIsIssuedAheadOfTheReleaseThatMakesItsRoom: used at 0 and 9 of ten 1 ms
+  // launches, released at 1; its D2H and H2D take 1.68 ms each with their margin. A map and an
+  // unmap take half the allowed remap each. The region is away from its release's D2H and unmap
+  // (1 + 1.68 + half) to the restore's room and map (its launch + 1.68 + half + half), and the
+  // restore is issued at the latest launch 1.68 + 1.68 + a remap ahead of the use at 9.
+  // - Nothing seen: the copy test's 100 us with its margin, 300 us: restore at 5, away 2.83 to
+  //   6.98 ms.
+  // - Seen at 200 us: the run's own figure, less than the margin: restore at 5, away 2.78-6.88 ms.
+  // - Seen at 2 ms: restore at 3 (5.36 ms ahead), away 3.68-6.68 ms.
+  // - A copy test whose map met a D2H (1 ms) beside 1.1 ms seen: 1.1 ms, not 3 ms: restore at 4
+  //   (4.46 ms ahead), away 3.23-6.78 ms. Without a seen figure the margin stands: 3 ms, restore
+  //   at 2 (6.36 ms ahead), away 4.18-6.68 ms.
   const Period p = evenly(10, 1000, {{0}, {}, {}, {}, {}, {}, {}, {}, {}, {0}}, {64 * kMiB});
   Knobs knobs = budget(32 * kMiB);
   knobs.prefetch_distance = 1;
-  Model model = link(50, 100);
   struct Case {
+    double test_us;
     double seen_us;
     int restore_at;
     double freed_us;
   };
-  // Away from the release's D2H and unmap (1 + 1.68 + half a remap) to the restore's room and
-  // map (its launch + 1.68 + a remap): 2.83 to 6.98 ms with the margin; 3.68 to 6.68 with 2 ms.
-  for (const Case& c : {Case{0, 5, 4150}, Case{200, 5, 4150}, Case{2000, 3, 3000}}) {
-    const double seen_us = c.seen_us;
-    model.remap_seen_us = seen_us;
+  for (const Case& c : {Case{100, 0, 5, 4150}, Case{100, 200, 5, 4100}, Case{100, 2000, 3, 3000},
+                        Case{1000, 1100, 4, 3550}, Case{1000, 0, 2, 2500}}) {
+    Model model = link(50, c.test_us);
+    model.remap_seen_us = c.seen_us;
     const Plan plan = choose(p, model, knobs);
     ASSERT_EQ(plan.windows.size(), 1u) << plan.reason;
     const Window& w = plan.windows.front();
-    EXPECT_EQ(w.release_at, 1) << "seen " << seen_us << " us";
-    EXPECT_EQ(w.restore_at, c.restore_at) << "seen " << seen_us << " us";
-    EXPECT_NEAR(w.freed_us, c.freed_us, 0.01) << "seen " << seen_us << " us";
+    const std::string at =
+        "test " + std::to_string(c.test_us) + " us, seen " + std::to_string(c.seen_us) + " us";
+    EXPECT_EQ(w.release_at, 1) << at;
+    EXPECT_EQ(w.restore_at, c.restore_at) << at;
+    EXPECT_NEAR(w.freed_us, c.freed_us, 0.01) << at;
   }
 }
 
