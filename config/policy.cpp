@@ -253,8 +253,8 @@ const Key kSchema[] = {
    "been enqueued (the launch before it, or the eager call after it that learning saw use the "
    "slot last), so that its copy can run while the program works on the host in between. It "
    "trusts that learning saw every use there: a use vaswap cannot see (docs/PLANNER.md, \"Not "
-   "seen\") would run after the release. Needs the guard (ignored with guard: false). Not yet "
-   "measured on a GPU.",
+   "seen\") would run after the release. Needs the guard (ignored with guard: false). On the H200 "
+   "it changed nothing measurable (docs/BENCHMARKS.md, 2026-12-05 11:23 UTC).",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.release_after_use); },
    [](const Policy& p) { return std::string(p.release_after_use ? "true" : "false"); }},
   {"schedule.model", "measured | given", "measured or given", "measured",
@@ -320,7 +320,8 @@ const Key kSchema[] = {
    "running will free, the evictions' copies not yet begun wait on the device until it has "
    "mapped (at most 1.5 times what the running copy should take, 1 to 20 ms), so that its "
    "cuMemSetAccess does not wait behind a D2H (0.74 ms on "
-   "the H200, docs/PERFORMANCE.md fact 6). Experimental: not yet measured on a GPU.",
+   "the H200, docs/PERFORMANCE.md fact 6). Experimental: on the H200 it made the per-layer "
+   "PyTorch job no faster (docs/BENCHMARKS.md, 2026-12-05 11:23 UTC).",
    [](Policy& p, const std::string& v) { return parse_bool(v, &p.d2h_gate); },
    [](const Policy& p) { return std::string(p.d2h_gate ? "true" : "false"); }},
   {"residency.wait_limit", "duration >= 100ms", "a duration of at least 100ms, such as 60s", "60s",
