@@ -1,7 +1,7 @@
 // plan_replay: chooses a traced run's plans again, offline, from their `plan_input` events
 // (docs/TRACE.md), with the schedule this build has (core/plan/schedule.cpp).
 //
-//   plan_replay TRACE [--check] [--remap-seen US]
+//   plan_replay TRACE [--check] [--remap-seen US] [--budget SIZE]
 //
 // For each `plan_input` it prints the plan the schedule chooses now: windows, bytes moved each way
 // per period, pages away at the worst position, what the replay says shows. It compares that with
@@ -10,7 +10,9 @@
 // planner test uses that to show a trace's inputs are the whole of the choice. Without it, a
 // schedule changed since the run shows what the change would have chosen for that run.
 // --remap-seen US chooses as if the run's own maps and unmaps had cost US per region (the model's
-// remap_seen_us; traces made before it was traced have none).
+// remap_seen_us; traces made before it was traced have none). --budget SIZE (bytes, or with KiB,
+// MiB or GiB) chooses for that budget instead of the run's (its limit too): what another budget
+// would have moved and shown for the same learned period.
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   std::string path;
   bool check = false;
   std::optional<double> remap_seen_us;
+  std::optional<uint64_t> budget;
+  const char* usage = "usage: plan_replay TRACE [--check] [--remap-seen US] [--budget SIZE]";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--check") {
@@ -105,21 +109,35 @@ int main(int argc, char** argv) {
       if (end == argv[i] || *end != '\0' || *remap_seen_us < 0) {
         die(std::string("--remap-seen takes microseconds >= 0, got '") + argv[i] + "'");
       }
+    } else if (arg == "--budget" && i + 1 < argc) {
+      char* end = nullptr;
+      const double value = std::strtod(argv[++i], &end);
+      const std::string unit = end != nullptr ? end : "";
+      const double scale = unit.empty()    ? 1.0
+                           : unit == "KiB" ? 1024.0
+                           : unit == "MiB" ? 1024.0 * 1024
+                           : unit == "GiB" ? 1024.0 * 1024 * 1024
+                                           : 0.0;
+      if (end == argv[i] || scale == 0 || value <= 0) {
+        die(std::string("--budget takes a size such as 1536MiB or 2GiB, got '") + argv[i] + "'");
+      }
+      budget = static_cast<uint64_t>(value * scale);
     } else if (arg == "-h" || arg == "--help") {
-      std::puts(
-          "usage: plan_replay TRACE [--check] [--remap-seen US]\n"
+      std::printf(
+          "%s\n"
           "Chooses each plan of a vaswap trace again from its plan_input events and compares\n"
           "it with the run's plan_window events; --check: exit 1 when one differs;\n"
-          "--remap-seen: choose as if the run's maps and unmaps had cost US per region.");
+          "--remap-seen: choose as if the run's maps and unmaps had cost US per region;\n"
+          "--budget: choose for that budget (and limit) instead of the run's.\n",
+          usage);
       return 0;
     } else if (path.empty()) {
       path = arg;
     } else {
-      die("unexpected argument '" + arg +
-          "' (usage: plan_replay TRACE [--check] [--remap-seen US])");
+      die("unexpected argument '" + arg + "' (" + usage + ")");
     }
   }
-  if (path.empty()) die("usage: plan_replay TRACE [--check] [--remap-seen US]");
+  if (path.empty()) die(usage);
   std::ifstream file(path);
   if (!file) die("cannot open " + path);
 
@@ -164,6 +182,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     Input& in = inputs[i];
     if (remap_seen_us) in.model.remap_seen_us = *remap_seen_us;
+    if (budget) in.knobs.budget_pages = in.knobs.limit_pages = *budget;
     const Plan plan = vaswap::plan::choose(in.period, in.model, in.knobs);
     uint64_t moved = 0;
     std::vector<Key> mine;

@@ -201,7 +201,19 @@ if "$build/bin/plan_replay" "$tmp/halved.jsonl" --check >"$tmp/replay2"; then
   fail "plan_replay: a 20 MiB budget in the input chose the run's 40 MiB plan"
 fi
 grep -q "now only:" "$tmp/replay2" || fail "plan_replay: the difference is not shown"
-echo "ok   plan_replay: the run's plan chosen again from its trace; a changed budget changes it"
+# --budget chooses for another budget without editing the trace: at 20 MiB the windows chosen for
+# the edited input; at 1 GiB (more than the slots) none.
+"$build/bin/plan_replay" "$tmp/steady.jsonl" --budget 20MiB >"$tmp/replay3" || true
+[ "$(grep "chosen now" "$tmp/replay3")" = "$(grep "chosen now" "$tmp/replay2")" ] ||
+  { cat "$tmp/replay2" "$tmp/replay3"; fail "plan_replay --budget 20MiB chose otherwise than a 20 MiB input"; }
+"$build/bin/plan_replay" "$tmp/steady.jsonl" --budget 1GiB >"$tmp/replay4" || true
+grep -q "chosen now: 0 windows, 0 MiB each way" "$tmp/replay4" ||
+  { cat "$tmp/replay4"; fail "plan_replay --budget 1GiB still moves slots"; }
+if "$build/bin/plan_replay" "$tmp/steady.jsonl" --budget 12XB 2>"$tmp/replay5"; then
+  fail "plan_replay took --budget 12XB"
+fi
+grep -q "takes a size such as" "$tmp/replay5" || { cat "$tmp/replay5"; fail "plan_replay: no clear error for --budget 12XB"; }
+echo "ok   plan_replay: the run's plan chosen again from its trace; a changed budget changes it; --budget"
 
 # 2. The default budget (auto: what the 16 GiB simulated device has) fits every slot: the plan
 #    takes no window and nothing moves, whatever the link.
