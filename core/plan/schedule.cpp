@@ -24,7 +24,7 @@ constexpr double kShowsNothingUs = 1.0;
 // One region's map and unmap as the schedule allows for them. Where the run has seen its own maps
 // and unmaps (remap_seen_us, a high quantile of them, beside the run's copies), that figure, or
 // the copy test's where it is more: the margin stood for what the seen figure now measures. The
-// test's single best-of-three map can itself meet one of learning's D2Hs and read 0.6-1.1 ms
+// test's figure (the best of three maps) can itself meet one of learning's D2Hs and read 0.6-1.1 ms
 // (cuMemSetAccess waits about 0.74 ms beside a D2H, docs/PERFORMANCE.md fact 6); three times that
 // made the schedule plan 2-3 ms remaps where the run's own took 1.1-1.2 ms, take 10-12 windows
 // instead of 8-9 and leave 4-6 ms a step exposed (bench/results/remap_margin_session44.md).
