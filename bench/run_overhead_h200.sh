@@ -22,8 +22,10 @@
 # run's trace: host waits for restores after the plan came into force (restore_wait events with
 # host_wait), evictions, evictions called off by a restore before the unmap (reclaims), and the
 # device memory freed in steady state (the exit summary's peak without releases minus its peak),
-# and for rewritten graphs the share of the lent slots' bytes (the graph pool's) away from the
-# device at their peak (1 - the executor's peak held / the bytes lent).
+# for rewritten graphs the share of the lent slots' bytes (the graph pool's) away from the
+# device at their peak (1 - the executor's peak held / the bytes lent), and the first plan's
+# windows and bytes moved each way with the remap figures it was chosen with (the copy test's,
+# and the 90th percentiles of the run's own maps and unmaps).
 # Usage: bash bench/run_overhead_h200.sh [torch_layers] [demo] [torch_compile] [torch_compile_all]
 #   [torch_whole] [demo_whole]
 #   (default: the first two)
@@ -63,8 +65,8 @@ md=$out/overhead_h200.md
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: ${VASWAP_LIB:+VASWAP_LIB=$VASWAP_LIB }${VASWAP_LIB_B:+VASWAP_LIB_B=$VASWAP_LIB_B }RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
-  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) |"
-  echo "|---|---|---|---|---:|---|---|---|---|---|---|"
+  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) | first plan: windows, MiB each way, remap us of the copy test / of the run's own maps (per run) |"
+  echo "|---|---|---|---|---:|---|---|---|---|---|---|---|"
 } >"$md"
 status=0
 for program in "${programs[@]}"; do
@@ -137,7 +139,7 @@ under = [med(f"{program}_{arm}_{i}") for i in range(1, runs + 1)]
 key = "losses" if "losses" in load(f"{program}_plain_1") else "checksum"
 same = all(load(f"{program}_plain_{i}")[key] == load(f"{program}_{arm}_{i}")[key]
            for i in range(1, runs + 1))
-waits, moved, freed, slots, inside = [], [], [], [], []
+waits, moved, freed, slots, inside, shape = [], [], [], [], [], []
 for i in range(1, runs + 1):
     ev = events(f"{program}_{arm}_{i}")
     plans = [e["t_ns"] for e in ev if e["ev"] == "plan"]
@@ -153,13 +155,21 @@ for i in range(1, runs + 1):
     lent = s.get("inside_lent_bytes", 0)
     inside.append(f"{lent >> 20}, {100 * (1 - s['inside_peak_held'] / lent):.0f}%, "
                   f"{s['inside_on_demand']}, {s.get('inside_room_waits', 0)}" if lent else "-")
+    # The plan's shape and the remap figures it was chosen with: a copy test whose map met a D2H
+    # once made plans of more windows than the budget needed (bench/results/remap_margin_session44.md).
+    plan = next((e for e in ev if e["ev"] == "plan" and "windows" in e), None)
+    model = next((e for e in ev if e["ev"] == "model"), None)
+    shape.append("-" if plan is None else
+                 f"{plan['windows']}, {plan.get('moved_bytes', 0) >> 20}, "
+                 + (f"{model['remap_us']:.0f} / {model.get('remap_seen_us', 0):.0f}" if model else "-"))
 p, u = statistics.median(plain), statistics.median(under)
 print(f"| {program}{f' ({library})' if library else ''} | `{policy or 'the default policy'}` | "
       f"{p:.2f} ({', '.join(f'{x:.2f}' for x in plain)}) | "
       f"{u:.2f} ({', '.join(f'{x:.2f}' for x in under)}) | {100 * (u / p - 1):+.1f}% | "
       f"{'identical' if same else 'DIFFERENT'} | {', '.join(map(str, sorted(set(slots))))} | "
       f"{'; '.join(waits)} | "
-      f"{', '.join(moved)} | {', '.join(map(str, freed))} | {'; '.join(inside)} |")
+      f"{', '.join(moved)} | {', '.join(map(str, freed))} | {'; '.join(inside)} | "
+      f"{'; '.join(shape)} |")
 sys.exit(0 if same else 1)
 PY
   tail -1 "$md"
