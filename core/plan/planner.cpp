@@ -491,10 +491,9 @@ void Planner::plan(Learned& learned, uint64_t generation) {
     after_calls[static_cast<size_t>(w.release_at)].push_back(
         policy.release_after_use ? release_after_calls(learned, w) : -1);
   }
-  // Restores issued together, the nearest use first (the replay's order): smallest first, a
-  // restore needed positions later took the room of the one needed next, which then waited for
-  // the last of the releases (on the H200 the per-layer PyTorch job's 5th and 6th launches were
-  // parked about 1 ms each).
+  // Restores issued together, the nearest use first: the order the schedule's replay assumes
+  // (docs/PLANNER.md; on the H100 it changed the per-layer PyTorch job's step time by nothing
+  // measurable against smallest first).
   std::vector<uint64_t> mapped(learned.regions.size());
   for (size_t r = 0; r < mapped.size(); ++r) mapped[r] = learned.regions[r]->mapped_bytes;
   for (size_t i : plan::restore_order(windows, static_cast<int>(period), mapped)) {
