@@ -88,9 +88,11 @@ int Learner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*>
   s.exec = exec;
   s.stream = stream;
   s.uses = slots;
+  // Recorded before the asked event changes hands: should it fail, the learner still owns that
+  // one (and destroys it), where a Seen that never reaches seen_ would drop it.
+  s.start = record_on(*load_driver(nullptr), stream);
   s.asked = asked_;
   asked_ = nullptr;
-  s.start = record_on(*load_driver(nullptr), stream);
   seen_.push_back(std::move(s));
   std::vector<CUgraphExec> keys;
   keys.reserve(seen_.size());

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "../sim/tests/sim_test.h"
+#include "base/errors.h"
 #include "plan/learner.h"
 
 namespace vaswap::planner {
@@ -100,6 +102,27 @@ TEST_F(LearnerTimesTest, AWaitOnAnotherStreamStaysIn) {
   ASSERT_NE(nullptr, learned);
   EXPECT_LT(learned->parked_us, 1000);
   EXPECT_GE(learned->period.length_us, 25000);
+}
+
+// A launch whose start event cannot be recorded fails by name, and the event asked for it before
+// is not lost: every event learning made is destroyed with the learner.
+TEST_F(LearnerTimesTest, AFailedStartRecordKeepsTheAskedEvent) {
+  const unsigned long long before = vaswapSimLiveEvents();
+  {
+    Learner learner;
+    learner.ask(stream_);
+    EXPECT_EQ(before + 1, vaswapSimLiveEvents()) << "ask() records one event";
+    ASSERT_EQ(0, vaswapSimInjectFault("cuEventRecordWithFlags", 1, CUDA_ERROR_LAUNCH_FAILED));
+    try {
+      learner.observe(reinterpret_cast<CUgraphExec>(1), stream_, {}, 2);
+      ADD_FAILURE() << "observe() went on without its start event";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("cuEventRecord")) << e.what();
+    }
+    vaswapSimClearFaults();
+    EXPECT_EQ(before + 1, vaswapSimLiveEvents()) << "the failed record leaked or lost an event";
+  }
+  EXPECT_EQ(before, vaswapSimLiveEvents()) << "the learner left events behind";
 }
 
 }  // namespace

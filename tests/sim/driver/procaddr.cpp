@@ -338,6 +338,7 @@ const Entry kEntries[] = {
     E("vaswapSimClearFaults", 0, vaswapSimClearFaults),
     E("vaswapSimFaultCheck", 0, vaswapSimFaultCheck),
     E("vaswapSimPhysicalBytes", 0, vaswapSimPhysicalBytes),
+    E("vaswapSimLiveEvents", 0, vaswapSimLiveEvents),
     E("vaswapSimHostFnViolations", 0, vaswapSimHostFnViolations),
     E("vaswapSimSetSingleQueue", 0, vaswapSimSetSingleQueue),
     E("vaswapSimSetMemopsSupported", 0, vaswapSimSetMemopsSupported),

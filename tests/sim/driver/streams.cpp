@@ -496,6 +496,11 @@ CUresult CUDAAPI cuEventDestroy_v2(CUevent h) {
                                                              : CUDA_ERROR_INVALID_HANDLE;
 }
 
+extern "C" unsigned long long vaswapSimLiveEvents(void) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return event_registry().size();
+}
+
 CUresult CUDAAPI cuEventRecordWithFlags(CUevent he, CUstream hs, unsigned int flags) {
   SIM_ENTER();
   if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_NOT_SUPPORTED;

@@ -72,6 +72,9 @@ int vaswapSimFaultCheck(const char* function);
 unsigned long long vaswapSimHostFnViolations(void);
 /* Physical bytes currently created on a device (handles, cuMemAlloc, async allocations). */
 unsigned long long vaswapSimPhysicalBytes(int device);
+/* Events created and not yet destroyed, in the whole process (a leak shows as a count that does
+ * not return to where it was). */
+unsigned long long vaswapSimLiveEvents(void);
 /* What CUDA_DEVICE_MAX_CONNECTIONS=1 gives: one hardware queue per device (1), or one per stream
  * (0, the default). Affects work submitted afterwards; set it while the device is idle. */
 void vaswapSimSetSingleQueue(int single);
