@@ -26,7 +26,14 @@ class DeviceCosts {
   void copied(int device, bool to_host, uint64_t bytes, double us);
 
   // The `quantile` (0..1) of the maps seen plus that of the unmaps: one region's map-and-unmap
-  // cost as the run has been paying it. 0 while fewer than kEnough of either were seen.
+  // cost as the run has been paying it. 0 while fewer than kEnough of either were seen. Stalls
+  // are left out: a call that took more than kStall times the median of its kind waited for
+  // something besides its own work, which a margin on every remap does not model (under a budget
+  // the static demo's learning saw 14% of its unmaps take 10-30 ms beside host allocations and
+  // on-demand restores, where the median took 50 us and the plan's own unmaps at most 0.34 ms;
+  // bench/results/demo_budgets_session45_h100.md). A map beside a D2H (about 1 ms against 0.1-0.2
+  // idle) is a cost, not a stall, and stays in.
+  static constexpr double kStall = 20;
   double remap_us(int device, double quantile) const;
   // The `quantile` of the copies' speeds one way, in GB/s; 0 while fewer than kEnough were seen.
   double gbps(int device, bool to_host, double quantile) const;
@@ -40,7 +47,7 @@ class DeviceCosts {
     Ring maps, unmaps, d2h_gbps, h2d_gbps;
   };
   void note(int device, double value, Ring Device::*ring);
-  static double quantile_of(const Ring& ring, double quantile);
+  static double quantile_of(const Ring& ring, double quantile, double stall = 0);
 
   mutable std::mutex mutex_;
   std::unordered_map<int, Device> devices_;

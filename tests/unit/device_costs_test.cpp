@@ -47,6 +47,29 @@ TEST(DeviceCosts, OnlyTheLatestSamplesCount) {
   EXPECT_DOUBLE_EQ(costs.remap_us(0, 0.9), 260.0);
 }
 
+TEST(DeviceCosts, StallsAreLeftOutOfTheRemapFigure) {
+  DeviceCosts costs;
+  // As the static demo's learning saw them under a budget: maps of 130 us, a tenth of them 900 us
+  // (beside a D2H); 110 unmaps of 50 us and 18 stalls of 10-27 ms.
+  for (int i = 0; i < 128; ++i) {
+    costs.mapped(0, i % 10 == 0 ? 900 : 130);
+    costs.unmapped(0, i < 18 ? 10000.0 + 1000.0 * i : 50);
+  }
+  // Maps: 13 of 900 us, all kept (below 20 x 130); their 90th (the 116th of 128) is 900. Unmaps:
+  // the stalls are above 20 x 50 us and left out, so the 90th of the other 110 is 50 (with them
+  // it would be the sixth stall, 15 ms).
+  EXPECT_DOUBLE_EQ(costs.remap_us(0, 0.9), 900.0 + 50.0);
+
+  // Maps beside D2Hs, 11 times an idle one, are a cost the figure keeps.
+  DeviceCosts beside;
+  for (int i = 0; i < 128; ++i) {
+    beside.mapped(0, i < 90 ? 100 : 1100);
+    beside.unmapped(0, 60);
+  }
+  EXPECT_DOUBLE_EQ(beside.remap_us(0, 0.9), 1100.0 + 60.0);
+  EXPECT_DOUBLE_EQ(beside.remap_us(0, 0.5), 100.0 + 60.0);
+}
+
 TEST(DeviceCosts, DevicesAreKeptApart) {
   DeviceCosts costs;
   for (size_t i = 0; i < DeviceCosts::kEnough; ++i) {
