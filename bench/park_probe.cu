@@ -25,11 +25,21 @@
 // go: cuEventCreate, cuStreamCreate, cuStreamCreateWithPriority, an event record on the new
 // stream, cuStreamDestroy and 16 more cuStreamCreate; first N more streams that ran a kernel are
 // parked on the same flag with a kernel behind the wait.
-// `park_probe --graphs` asks what the device handshake's copy graphs (core/transform/copy_graph.h)
-// need: while S is parked, a graph of one D2H memcpy node is made, instantiated, uploaded and
-// launched on O (does it run?); then an H2D graph into a VMM buffer whose pages were unmapped after
-// the node was added is launched behind a wait-value, the pages mapped again and the flag written
-// (does the copy land, with the right bytes?).
+// `park_probe --attributes N` asks one question of a kernel never launched (lazy loading, CUDA's
+// default) while S is parked: N = 0 cudaFuncGetAttributes, 1 cudaFuncSetAttribute (max dynamic
+// shared memory), 2 cudaOccupancyMaxActiveBlocksPerMultiprocessor; 3-5 the same through the
+// driver (cuFuncGetAttribute, cuFuncSetAttribute, cuOccupancyMaxActiveBlocksPerMultiprocessor) on
+// a CUfunction that cudaGetFuncBySymbol gave before anything parked (its load state, from
+// cuFuncIsLoaded, is printed before and after); 6 cuKernelGetFunction of a CUkernel that
+// cudaGetKernel gave before anything parked; 7 cuFuncGetAttribute, 8 cuFuncSetAttribute and 9
+// cuOccupancyMaxActiveBlocksPerMultiprocessor on a function of a PTX module that cuModuleLoadData
+// and cuModuleGetFunction gave before anything parked (as Triton gets its kernels). Then a launch
+// of that kernel on O, and whether it ran. Does a question about an unloaded kernel load it, and
+// wait for the parked stream? `park_probe --graphs` asks what the device handshake's copy graphs
+// (core/transform/copy_graph.h) need: while S is parked, a graph of one D2H memcpy node is made,
+// instantiated, uploaded and launched on O (does it run?); then an H2D graph into a VMM buffer
+// whose pages were unmapped after the node was added is launched behind a wait-value, the pages
+// mapped again and the flag written (does the copy land, with the right bytes?).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -45,6 +55,20 @@
 __global__ void spin(unsigned* p) {
   if (threadIdx.x == 0) atomicAdd(p, 1u);
 }
+
+// Never launched: `park_probe --attributes` asks for their attributes while a stream is parked,
+// each case of a kernel of its own, so that none is loaded by an earlier case.
+#define PARK_PROBE_UNLAUNCHED(name)         \
+  __global__ void name(unsigned* p) {       \
+    if (threadIdx.x == 0) atomicAdd(p, 2u); \
+  }
+PARK_PROBE_UNLAUNCHED(unlaunched_0)
+PARK_PROBE_UNLAUNCHED(unlaunched_1)
+PARK_PROBE_UNLAUNCHED(unlaunched_2)
+PARK_PROBE_UNLAUNCHED(unlaunched_3)
+PARK_PROBE_UNLAUNCHED(unlaunched_4)
+PARK_PROBE_UNLAUNCHED(unlaunched_5)
+PARK_PROBE_UNLAUNCHED(unlaunched_6)
 
 namespace {
 
@@ -508,8 +532,108 @@ int creation_while_parked(int busy) {
   });
 }
 
+int attributes_while_parked(int which) {
+  using Kernel = void (*)(unsigned*);
+  const Kernel kernels[] = {unlaunched_0, unlaunched_1, unlaunched_2, unlaunched_3,
+                            unlaunched_4, unlaunched_5, unlaunched_6};
+  const char* questions[] = {"cudaFuncGetAttributes",
+                             "cudaFuncSetAttribute",
+                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                             "cuFuncGetAttribute",
+                             "cuFuncSetAttribute",
+                             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                             "cuKernelGetFunction",
+                             "cuFuncGetAttribute of a module's function",
+                             "cuFuncSetAttribute of a module's function",
+                             "cuOccupancyMaxActiveBlocksPerMultiprocessor of a module's function"};
+  if (which < 0 || which > 9) {
+    std::printf("--attributes takes 0-9\n");
+    return 2;
+  }
+  const Kernel kernel = kernels[which % 7];
+  cudaSetDevice(0);
+  cudaFree(nullptr);
+  CUfunction function = nullptr;
+  CUkernel library_kernel = nullptr;
+  const auto loaded = [&function]() -> const char* {
+    CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_MAX;
+    if (function == nullptr || cuFuncIsLoaded(&state, function) != CUDA_SUCCESS) return "unknown";
+    return state == CU_FUNCTION_LOADING_STATE_LOADED ? "loaded" : "not loaded";
+  };
+  if (which >= 3 && which <= 5) {
+    const cudaError_t rc = cudaGetFuncBySymbol(&function, reinterpret_cast<const void*>(kernel));
+    std::printf("cudaGetFuncBySymbol before parking: %s; the function is %s\n",
+                cudaGetErrorName(rc), loaded());
+  }
+  if (which >= 7) {
+    CUmodule module = nullptr;
+    const CUresult loaded_rc = cuModuleLoadData(&module, kPtx);
+    const CUresult got = loaded_rc == CUDA_SUCCESS
+                             ? cuModuleGetFunction(&function, module, "probe_kernel")
+                             : loaded_rc;
+    std::printf("cuModuleLoadData and cuModuleGetFunction before parking: %d; the function is %s\n",
+                got, loaded());
+  }
+  if (which == 6) {
+    const cudaError_t rc = cudaGetKernel(reinterpret_cast<cudaKernel_t*>(&library_kernel),
+                                         reinterpret_cast<const void*>(kernel));
+    std::printf("cudaGetKernel before parking: %s\n", cudaGetErrorName(rc));
+  }
+  const char* steps[] = {questions[which], "a launch of it on O", "the kernel ran"};
+  unsigned* counter = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned));
+  const int status = steps_while_parked(steps, 3, [&](int k, const Parked& p) -> CUresult {
+    if (k == 0) {
+      int value = 0;
+      cudaFuncAttributes attributes{};
+      switch (which) {
+        case 0:
+          return cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess ? CUDA_SUCCESS
+                                                                           : CUDA_ERROR_UNKNOWN;
+        case 1:
+          return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024) ==
+                         cudaSuccess
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_UNKNOWN;
+        case 2:
+          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&value, kernel, 128, 0) ==
+                         cudaSuccess
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_UNKNOWN;
+        case 3: return cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, function);
+        case 4:
+          return cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    1024);
+        case 5:
+        case 9: return cuOccupancyMaxActiveBlocksPerMultiprocessor(&value, function, 128, 0);
+        case 7: return cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, function);
+        case 8:
+          return cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    1024);
+        default: return cuKernelGetFunction(&function, library_kernel);
+      }
+    }
+    if (k == 1 && which >= 7) {
+      CUdeviceptr target = p.a.va;
+      void* args[] = {&target};
+      return cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(p.o), args,
+                            nullptr);
+    }
+    if (k == 1) {
+      kernel<<<1, 32, 0, p.o>>>(counter);
+      return cudaGetLastError() == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    }
+    return cuStreamSynchronize(reinterpret_cast<CUstream>(p.o));
+  });
+  std::printf("after: the function is %s\n", loaded());
+  return status;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--module") == 0) return module_while_parked();
+  if (argc > 2 && std::strcmp(argv[1], "--attributes") == 0) {
+    return attributes_while_parked(std::atoi(argv[2]));
+  }
   if (argc > 1 && std::strcmp(argv[1], "--create") == 0) {
     return creation_while_parked(argc > 2 ? std::atoi(argv[2]) : 0);
   }

@@ -20,6 +20,14 @@
 // in place of that launch's add; the module stays loaded. Loads and lookups come while the
 // thread's own stream, and others', may be parked on restores.
 //
+// --attributes (a GPU only): each round, each thread asks the runtime about a kernel it has never
+// launched before launching it (cudaFuncGetAttributes, cudaFuncSetAttribute of the largest dynamic
+// shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor; which comes first rotates with the
+// round), as libraries do before a kernel's first launch, then launches it (a = c) in place of
+// the round's middle add. Under lazy loading, CUDA's default, the first question loads the kernel,
+// and a load waits for every stream parked on a wait-value
+// (bench/results/park_attributes_h100.txt).
+//
 // --free-while-capturing: instead of the rounds, one thread frees a buffer while another has a
 // capture (thread-local mode) open, then the capture ends and its graph runs: prints
 // "free while capturing: checksum 0x..." from the graph's result.
@@ -31,6 +39,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
 #include <cinttypes>
 #include <condition_variable>
@@ -40,6 +49,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "vaswap_sim/kernel.h"
@@ -65,6 +75,7 @@ bool g_copy2d = false;
 bool g_default_kind = false;
 bool g_copy3d_peer = false;
 bool g_jit = false;
+bool g_attributes = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -202,6 +213,49 @@ bool jit_copy(CUmodule module, uint32_t* dst, const uint32_t* src, cudaStream_t 
   return true;
 }
 
+// --attributes: kernels no round has launched before it, one for each thread and round.
+constexpr int kFreshKernels = 128;
+#ifdef __CUDACC__
+template <int N>
+__global__ void fresh_copy(uint32_t* dst, const uint32_t* src, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    dst[i] = src[i] + static_cast<uint32_t>(N - N);
+  }
+}
+using FreshKernel = void (*)(uint32_t*, const uint32_t*, uint32_t);
+template <int... N>
+constexpr std::array<FreshKernel, sizeof...(N)> fresh_table(std::integer_sequence<int, N...>) {
+  return {fresh_copy<N>...};
+}
+const std::array<FreshKernel, kFreshKernels> kFresh =
+    fresh_table(std::make_integer_sequence<int, kFreshKernels>{});
+
+// a = c through kernel `index`, asked about first.
+cudaError_t fresh_copy_now(int index, int round, uint32_t* dst, const uint32_t* src,
+                           cudaStream_t s) {
+  const FreshKernel kernel = kFresh[static_cast<size_t>(index)];
+  cudaFuncAttributes attributes{};
+  int blocks = 0;
+  for (int q = 0; q < 3; ++q) {
+    cudaError_t rc = cudaSuccess;
+    switch ((q + round) % 3) {
+      case 0: rc = cudaFuncGetAttributes(&attributes, kernel); break;
+      case 1:
+        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024);
+        break;
+      default: rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, 0); break;
+    }
+    if (rc != cudaSuccess) return rc;
+  }
+  kernel<<<256, 256, 0, s>>>(dst, src, kElems);
+  return cudaGetLastError();
+}
+#else
+cudaError_t fresh_copy_now(int, int, uint32_t*, const uint32_t*, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+#endif
+
 // One thread's rounds. a -> (graph: b = a + 1; c = b + 2) -> (eager: a = c), kLaunches times:
 // c ends as the seed's fill plus 3 * kLaunches.
 void work(int thread, int rounds, uint64_t* checksum) {
@@ -242,6 +296,8 @@ void work(int thread, int rounds, uint64_t* checksum) {
       cudaError_t rc = cudaSuccess;
       if (g_jit && k == kLaunches / 2) {
         if (!jit_copy(module, a, c, s, thread, round)) return;
+      } else if (g_attributes && k == kLaunches / 2) {
+        rc = fresh_copy_now(thread * rounds + round, round, a, c, s);
       } else {
         launch_add(a, c, 0, s, &rc);
       }
@@ -375,7 +431,7 @@ int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   const char* usage =
       "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] [--jit] "
-      "[--default-kind] [--free-while-capturing]\n";
+      "[--attributes] [--default-kind] [--free-while-capturing]\n";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--free-while-capturing") == 0) return free_while_capturing();
   }
@@ -384,6 +440,7 @@ int main(int argc, char** argv) {
                  : std::strcmp(argv[i], "--copy2d") == 0       ? &g_copy2d
                  : std::strcmp(argv[i], "--copy3dpeer") == 0   ? &g_copy3d_peer
                  : std::strcmp(argv[i], "--jit") == 0          ? &g_jit
+                 : std::strcmp(argv[i], "--attributes") == 0   ? &g_attributes
                  : std::strcmp(argv[i], "--default-kind") == 0 ? &g_default_kind
                                                                : nullptr;
     if (flag != nullptr) {
@@ -400,6 +457,11 @@ int main(int argc, char** argv) {
       std::fputs(usage, stderr);
       return 2;
     }
+  }
+  if (g_attributes && threads * rounds > kFreshKernels) {
+    std::fprintf(stderr, "stress_probe: --attributes has %d fresh kernels, for threads x rounds\n",
+                 kFreshKernels);
+    return 2;
   }
   std::vector<uint64_t> sums(static_cast<size_t>(threads), 1469598103934665603ull);
   std::vector<std::thread> pool;
