@@ -63,8 +63,12 @@ struct Rewritten {
   // A thread works on its slots with the lock released (driver calls that wait): the executor and
   // other threads leave the graph alone until it is done (`moving` false, done_ notified).
   bool moving = false;
+  // Destroyed (its slots went back to residency). Threads that wait on it with the lock released
+  // (present, forget: `waiters`) keep it until the last of them leaves.
+  bool ended = false;
   CUevent finished = nullptr;  // recorded after each of its launches: its device work is over
   int device = 0;
+  int waiters = 0;
   CUcontext context = nullptr;
   std::vector<Lent> slots;
   size_t windows = 0;
@@ -193,7 +197,8 @@ class Inside {
   void unlocked(std::unique_lock<std::mutex>& lock, Rewritten& g, Work work);
   // Waits until no thread is moving g's slots; false past residency.wait_limit.
   bool settle_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
-  // After drain_locked: waits (lock released) until g's last launch has finished on the device.
+  // Drains g (quiet_locked), then waits (lock released) until its last launch has finished on
+  // the device; returns at once when g was destroyed meanwhile.
   void finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why);
   void note_held_locked();
   // Unmaps lent's pages; a failure leaves it its pages and data (invariant 7), and says so.
@@ -207,7 +212,27 @@ class Inside {
   static uint64_t earlier_restores_locked(const Rewritten& g, size_t position);
   // Lends g's slots (residency.h): false while one is neither resident nor unused.
   bool lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
-  void free_locked(Rewritten& g);
+  // Frees what `g` holds but its flags, which it returns: the caller frees them without the lock.
+  uint32_t* free_locked(Rewritten& g);
+  // Waits until no other thread moves g's slots and (with `drain`) its launches are carried out,
+  // and returns with the lock held, so that the caller may move them next; false past
+  // residency.wait_limit. `g.ended` may be true on return.
+  bool quiet_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, bool drain);
+  // A thread waiting on g, with the lock held at both ends (see Rewritten::waiters).
+  struct Waiting {
+    Inside& inside;
+    Rewritten& g;
+    Waiting(Inside& in, Rewritten& r) : inside(in), g(r) { ++g.waiters; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+    ~Waiting() {
+      if (--g.waiters == 0 && g.ended) {
+        auto& e = inside.ended_;
+        e.erase(std::remove_if(e.begin(), e.end(), [this](const auto& p) { return p.get() == &g; }),
+                e.end());
+      }
+    }
+  };
   [[noreturn]] void die(const std::string& message);
   // Ends the process when one of the executor's driver calls has lasted past
   // residency.wait_limit: a graph may be parked on the map it is making (invariant 12).
@@ -221,6 +246,7 @@ class Inside {
   Settings settings_;
   std::unordered_map<CUgraph, std::unique_ptr<Rewritten>> prepared_;
   std::unordered_map<CUgraphExec, std::unique_ptr<Rewritten>> graphs_;
+  std::vector<std::unique_ptr<Rewritten>> ended_;      // destroyed while a thread waited on them
   std::unordered_map<const Slot*, Rewritten*> owner_;  // lent (or to be lent) slots
   std::atomic<bool> any_{false};                       // owner_ was ever not empty
   std::unordered_map<int, CUstream> streams_;          // per device, for copies back
@@ -506,23 +532,26 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
         byte_size(others), byte_size(rest.lent), byte_size(rest.largest_launch),
         byte_size(choice.peak_bytes + kept));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  // Another instantiation may have taken one of them meanwhile: then this one is not rewritten.
-  for (const Lent& lent : g->slots) {
-    if (owner_.count(lent.slot) != 0) {
-      drv().cuGraphDestroy(rewritten);
-      for (Lent& other : g->slots) {
-        if (other.host != nullptr) engine().host_free(other.host);
-      }
-      drv().cuMemFreeHost(flags);
-      *why = "another instantiation took its slots";
-      return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Another instantiation may have taken one of them meanwhile: then this one is not rewritten.
+    const bool taken = std::any_of(g->slots.begin(), g->slots.end(), [this](const Lent& lent) {
+      return owner_.count(lent.slot) != 0;
+    });
+    if (!taken) {
+      for (const Lent& lent : g->slots) owner_[lent.slot] = g.get();
+      any_.store(true, std::memory_order_release);
+      prepared_[rewritten] = std::move(g);
+      return rewritten;
     }
   }
-  for (const Lent& lent : g->slots) owner_[lent.slot] = g.get();
-  any_.store(true, std::memory_order_release);
-  prepared_[rewritten] = std::move(g);
-  return rewritten;
+  drv().cuGraphDestroy(rewritten);
+  for (Lent& other : g->slots) {
+    if (other.host != nullptr) engine().host_free(other.host);
+  }
+  drv().cuMemFreeHost(flags);  // without the lock, as in exec_destroyed
+  *why = "another instantiation took its slots";
+  return nullptr;
 }
 
 void Inside::instantiated(CUgraph rewritten, CUgraphExec exec) {
@@ -573,7 +602,18 @@ void Inside::unlocked(std::unique_lock<std::mutex>& lock, Rewritten& g, Work wor
 
 bool Inside::settle_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
   return done_.wait_for(lock, std::chrono::nanoseconds(wait_limit_ns_.load()),
-                        [&] { return !g.moving; });
+                        [&] { return !g.moving || g.ended; });
+}
+
+bool Inside::quiet_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, bool drain) {
+  // A drain releases the lock while it waits: another thread may have begun to move the slots
+  // meanwhile, so both are asked again until neither waits.
+  for (;;) {
+    if (!settle_locked(lock, g)) return false;
+    if (g.ended || !drain) return true;
+    if (!drain_locked(lock, g)) return false;
+    if (g.ended || !g.moving) return true;
+  }
 }
 
 bool Inside::lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
@@ -617,7 +657,8 @@ bool Inside::lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
           const capture_gate::Exclusive gate(limit);
           if (!gate) {
             die("a rewritten graph's first launch waited " + std::to_string(limit / 1000000) +
-                " ms (residency.wait_limit) for stream captures open on other threads to end: "
+                " ms (residency.wait_limit; CUDA_ERROR_LAUNCH_TIMEOUT) for stream captures open on "
+                "other threads to end: "
                 "it synchronizes the device first, which would invalidate them");
           }
           const CUresult rc = drv().cuCtxSynchronize();
@@ -699,17 +740,32 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
     if (lent.gone || !lent.wraps) continue;
     const bool on_device = lent.kept || g.disabled || !g.lent || (idle && lent.mapped);
     if (!on_device) continue;
+    const std::string what = lent.slot->describe() + ", its data for a rewritten graph's launch";
     CUresult rc =
         driver.cuMemcpyDtoHAsync(lent.host, lent.slot->va, lent.slot->mapped_bytes, stream);
-    if (rc == CUDA_SUCCESS && idle && g.lent && !g.disabled && !lent.kept &&
-        lent.handed == nullptr) {
-      rc = driver.cuEventCreate(&lent.handed, CU_EVENT_DISABLE_TIMING);
-      if (rc == CUDA_SUCCESS) rc = driver.cuEventRecord(lent.handed, stream);
-    }
     if (rc != CUDA_SUCCESS) {
-      *message = cuda_failure("cuMemcpyDtoHAsync", rc,
-                              lent.slot->describe() + ", its data for a rewritten graph's launch");
+      *message = cuda_failure("cuMemcpyDtoHAsync", rc, what);
       return rc;
+    }
+    if (idle && g.lent && !g.disabled && !lent.kept) {
+      // Recorded after this copy, every time: one left from a launch that was never enqueued (a
+      // later slot's copy failed, or the launch itself) marks an older copy, and the pages would
+      // go while this one still reads them.
+      const char* call = "cuEventRecord";
+      rc = CUDA_SUCCESS;
+      if (lent.handed == nullptr) {
+        call = "cuEventCreate";
+        rc = driver.cuEventCreate(&lent.handed, CU_EVENT_DISABLE_TIMING);
+        if (rc != CUDA_SUCCESS) lent.handed = nullptr;
+      }
+      if (rc == CUDA_SUCCESS) rc = driver.cuEventRecord(lent.handed, stream);
+      if (rc != CUDA_SUCCESS) {
+        // Never recorded, an event reads as complete: the slot would be unmapped at once.
+        if (lent.handed != nullptr) driver.cuEventDestroy(lent.handed);
+        lent.handed = nullptr;
+        *message = cuda_failure(call, rc, what);
+        return rc;
+      }
     }
   }
   return CUDA_SUCCESS;
@@ -968,11 +1024,11 @@ bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
 }
 
 void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why) {
-  if (!drain_locked(lock, g)) {
+  if (!quiet_locked(lock, g, /*drain=*/true)) {
     die("inside one graph: the launches of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
-        " were not carried out within residency.wait_limit " + why);
+        " were not carried out within residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT) " + why);
   }
-  if (g.finished == nullptr) return;
+  if (g.ended || g.finished == nullptr) return;
   // The executor has taken every flag; the graph may still be clearing one, copying a slot back
   // from its host copy, and using it. Its end, waited for without the lock.
   const CUevent finished = g.finished;
@@ -986,7 +1042,8 @@ void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, c
   });
   if (rc == CUDA_ERROR_NOT_READY) {
     die("inside one graph: the last launch of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
-        " did not end on the device within residency.wait_limit " + why);
+        " did not end on the device within residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT) " +
+        why);
   }
 }
 
@@ -1044,6 +1101,7 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
       continue;
     }
     Rewritten& g = *it->second;
+    Waiting waiting(*this, g);
     Lent* lent = nullptr;
     for (Lent& l : g.slots) {
       if (l.slot == slot) lent = &l;
@@ -1054,13 +1112,17 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
                  " were still being moved past residency.wait_limit";
       return rest;
     }
+    if (g.ended) {  // destroyed meanwhile: the slot is residency's again
+      rest.push_back(slot);
+      continue;
+    }
     if (lent == nullptr || lent->gone) continue;
     // On the device whenever other work runs: no windows, or kept with no window within launches,
     // or the graph's windows disabled.
     if (g.disabled || (!lent->inner && (lent->kept || !lent->wraps))) continue;
     const uint64_t start = trace::now_ns();
     const bool waited = g.queued > 0;
-    if (!drain_locked(lock, g)) {
+    if (!quiet_locked(lock, g, /*drain=*/true)) {
       for (const Lent& l : g.slots) {
         if (l.mapped) {
           log().debug("{}: mapped, step {} of {}, wraps {} inner {} handed {}", l.slot->describe(),
@@ -1081,7 +1143,7 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
         if (busy_since_ns_ != 0) {
           die("inside one graph: " + slot->describe() +
               " waited for the launches of its graph "
-              "past residency.wait_limit, and the executor has been " +
+              "past residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT), and the executor has been " +
               busy_what_ + " for " + std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
               " ms");
         }
@@ -1090,6 +1152,10 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
       *message = "the launches of the rewritten graph that holds " + slot->describe() +
                  " did not finish within residency.wait_limit";
       return rest;
+    }
+    if (g.ended) {
+      rest.push_back(slot);
+      continue;
     }
     const bool away = !lent->mapped;
     if (away) {
@@ -1127,7 +1193,12 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return;
   Rewritten& g = *it->second;
-  settle_locked(lock, g);
+  if (!quiet_locked(lock, g, /*drain=*/false)) {
+    die("inside one graph: the slots of graph " + hex(reinterpret_cast<uintptr_t>(exec)) +
+        " were still being moved by another thread past residency.wait_limit "
+        "(CUDA_ERROR_LAUNCH_TIMEOUT) when it was "
+        "destroyed or updated");
+  }
   finished_locked(lock, g, "before it was destroyed or updated");
   // Slots on the device go back as they are; slots off it go back offloaded, their data in the
   // host copy residency takes over (the program often frees them next: nothing is mapped then).
@@ -1143,8 +1214,15 @@ void Inside::exec_destroyed(CUgraphExec exec) {
     }
   }
   if (g.lent) residency::take_back(g.device, back, g.reserve);
-  free_locked(g);
+  uint32_t* flags = free_locked(g);
+  g.ended = true;
+  done_.notify_all();                                          // its waiters see it ended
+  if (g.waiters > 0) ended_.push_back(std::move(it->second));  // the last of them frees it
   graphs_.erase(it);
+  lock.unlock();
+  // Not under the lock: freeing pinned memory may wait for the device, where another rewritten
+  // graph may be parked on a map that only the executor, which needs the lock, makes.
+  drv().cuMemFreeHost(flags);
 }
 
 void Inside::node_changing(CUgraphExec exec) {
@@ -1153,7 +1231,12 @@ void Inside::node_changing(CUgraphExec exec) {
   auto it = graphs_.find(exec);
   if (it == graphs_.end() || it->second->disabled) return;
   Rewritten& g = *it->second;
-  settle_locked(lock, g);
+  if (!quiet_locked(lock, g, /*drain=*/false)) {
+    die("inside one graph: the slots of graph " + hex(reinterpret_cast<uintptr_t>(exec)) +
+        " were still being moved by another thread past residency.wait_limit "
+        "(CUDA_ERROR_LAUNCH_TIMEOUT) when a node of it "
+        "was changed");
+  }
   finished_locked(lock, g, "before a node of it was changed");
   const CUstream stream = stream_locked(g);
   unlocked(lock, g, [&] {
@@ -1187,8 +1270,15 @@ void Inside::forget(Slot* slot) {
   auto it = owner_.find(slot);
   if (it == owner_.end()) return;
   Rewritten& g = *it->second;
-  settle_locked(lock, g);
+  Waiting waiting(*this, g);
+  if (!quiet_locked(lock, g, /*drain=*/false)) {
+    die("inside one graph: the slots of the graph that holds " + slot->describe() +
+        " were still being moved by another thread past residency.wait_limit "
+        "(CUDA_ERROR_LAUNCH_TIMEOUT) when it was freed");
+  }
+  if (g.ended) return;  // destroyed meanwhile: residency has the slot back
   if (g.lent) finished_locked(lock, g, "before a slot of it was freed");
+  if (g.ended) return;
   for (Lent& lent : g.slots) {
     if (lent.slot != slot || lent.gone) continue;
     if (!lent.mapped && g.lent) {
@@ -1204,7 +1294,7 @@ void Inside::forget(Slot* slot) {
   owner_.erase(slot);  // by key: the lock was released meanwhile
 }
 
-void Inside::free_locked(Rewritten& g) {
+uint32_t* Inside::free_locked(Rewritten& g) {
   if (g.finished != nullptr) drv().cuEventDestroy(g.finished);
   if (g.clone != nullptr) drv().cuGraphDestroy(g.clone);
   for (Lent& lent : g.slots) {
@@ -1214,7 +1304,7 @@ void Inside::free_locked(Rewritten& g) {
     if (!lent.gone && owner != owner_.end() && owner->second == &g) owner_.erase(owner);
     if (lent.host != nullptr) engine().host_free(lent.host);
   }
-  drv().cuMemFreeHost(g.flags);
+  return g.flags;
 }
 
 void Inside::busy(const std::string& what) {
@@ -1239,7 +1329,7 @@ void Inside::watch() {
       die("inside one graph: the executor has been " + busy_what_ + " for " +
           std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
           " ms (residency.wait_limit " + std::to_string(limit / 1000000) +
-          " ms), and the graph that waits for it cannot go on");
+          " ms; CUDA_ERROR_LAUNCH_TIMEOUT), and the graph that waits for it cannot go on");
     }
   }
 }

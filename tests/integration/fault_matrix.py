@@ -15,7 +15,7 @@ the way in and two thirds of the way in, whatever the workload does. Each run en
   unfired     the fault never fired: the case tests nothing          -- a defect of the matrix
 
 Usage:
-  fault_matrix.py BUILD_DIR SOURCE_DIR [--doc check|write] [--jobs N] [--only NAME]
+  fault_matrix.py BUILD_DIR SOURCE_DIR [--doc check|write] [--jobs N] [--only NAME] [--mode MODE]
 --doc check compares the outcome table in docs/RELIABILITY.md with this run's; --doc write
 rewrites it there (then commit it).
 """
@@ -57,8 +57,12 @@ MODES = {
     "eager-guard": ["--steps", "12", "--peek-step", "6"],
     "api-graph": ["--steps", "24", "--api-graph"],
     "host-handshake": ["--steps", "12"],
+    # whole: one graph per step (forward, backward, the update), rewritten with windows inside it
+    # under a budget below its slots (MODE_CONF): the executor unmaps and maps as the graph runs.
+    "whole": ["--steps", "12", "--graph", "whole"],
 }
-MODE_CONF = {"host-handshake": ",residency.handshake=host"}
+MODE_CONF = {"host-handshake": ",residency.handshake=host",
+             "whole": ",residency.budget=28MiB,inside.lead=2"}
 # Faults run in some modes only ("-" in the others): under the device handshake a restore's H2D is
 # a graph launch, and an eager one happens only on the rare host path (not every run).
 ONLY_IN = {"H2D copy": {"host-handshake"}}
@@ -122,10 +126,10 @@ def nth(position, count):
     return {"first": 1, "1/3": max(1, count // 3), "2/3": max(1, 2 * count // 3)}[position]
 
 
-def matrix(build, src, jobs, only):
+def matrix(build, src, jobs, only, modes):
     baseline = {}
     cases = []
-    for mode in MODES:
+    for mode in modes:
         # The checksum to match: the same run, no fault, no memory limit, no vaswap.
         env = dict(os.environ, LD_LIBRARY_PATH=f"{build}/sim")
         p = subprocess.run([f"{build}/bin/train_layers", "--quiet"] + MODES[mode],
@@ -201,8 +205,9 @@ def main():
     ap.add_argument("--doc", choices=["check", "write"])
     ap.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1))
     ap.add_argument("--only", help="one fault by name (no doc check)")
+    ap.add_argument("--mode", choices=list(MODES), help="one mode (no doc check)")
     a = ap.parse_args()
-    results = matrix(a.build, a.src, a.jobs, a.only)
+    results = matrix(a.build, a.src, a.jobs, a.only, [a.mode] if a.mode else list(MODES))
     bad = 0
     for (mode, name, symbol, where, code), (cls, detail), err in results:
         at = f"{where[0]} (call {where[1]})" if where else "-"
@@ -212,7 +217,7 @@ def main():
             print("  stderr tail:\n    " + "\n    ".join(err.strip().splitlines()[-8:]))
     generated = table(results)
     doc = os.path.join(a.src, "docs", "RELIABILITY.md")
-    if a.doc and not a.only:
+    if a.doc and not a.only and not a.mode:
         text = open(doc).read()
         begin, end = text.find(DOC_BEGIN), text.find(DOC_END)
         if begin < 0 or end < 0:
