@@ -254,8 +254,15 @@ class Inside {
   std::mutex busy_mutex_;
   std::atomic<uint64_t> wait_limit_ns_{uint64_t{60} * 1000000000};  // read without the lock
   std::atomic<uint64_t> failures_{0};  // unmaps that failed (counted without the lock too)
-  uint64_t busy_since_ns_ = 0;         // 0: no driver call in flight
-  std::string busy_what_;
+  // Driver calls in flight that a graph may wait for, per thread: the executor's, and those of
+  // application threads that copy a lent slot back (one thread's end must not hide another's).
+  struct Busy {
+    uint64_t since_ns = 0;
+    std::string what;
+  };
+  std::unordered_map<std::thread::id, Busy> busy_;
+  // The longest in flight, or nullptr (under busy_mutex_).
+  const Busy* oldest_busy_locked() const;
   Stats stats_;
 };
 
@@ -1140,11 +1147,11 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
         // The executor stuck in a driver call is the likeliest cause: say so and end (the
         // watchdog would, a moment later).
         std::lock_guard<std::mutex> busy_lock(busy_mutex_);
-        if (busy_since_ns_ != 0) {
+        if (const Busy* busy = oldest_busy_locked()) {
           die("inside one graph: " + slot->describe() +
               " waited for the launches of its graph "
               "past residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT), and the executor has been " +
-              busy_what_ + " for " + std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
+              busy->what + " for " + std::to_string((trace::now_ns() - busy->since_ns) / 1000000) +
               " ms");
         }
       }
@@ -1309,13 +1316,20 @@ uint32_t* Inside::free_locked(Rewritten& g) {
 
 void Inside::busy(const std::string& what) {
   std::lock_guard<std::mutex> lock(busy_mutex_);
-  busy_since_ns_ = trace::now_ns();
-  busy_what_ = what;
+  busy_[std::this_thread::get_id()] = Busy{trace::now_ns(), what};
 }
 
 void Inside::idle() {
   std::lock_guard<std::mutex> lock(busy_mutex_);
-  busy_since_ns_ = 0;
+  busy_.erase(std::this_thread::get_id());
+}
+
+const Inside::Busy* Inside::oldest_busy_locked() const {
+  const Busy* oldest = nullptr;
+  for (const auto& [thread, busy] : busy_) {
+    if (oldest == nullptr || busy.since_ns < oldest->since_ns) oldest = &busy;
+  }
+  return oldest;
 }
 
 void Inside::watch() {
@@ -1325,9 +1339,10 @@ void Inside::watch() {
     const uint64_t period = std::min<uint64_t>(limit / 10, 100000000);
     std::this_thread::sleep_for(std::chrono::nanoseconds(period));
     std::lock_guard<std::mutex> lock(busy_mutex_);
-    if (busy_since_ns_ != 0 && trace::now_ns() - busy_since_ns_ > limit) {
-      die("inside one graph: the executor has been " + busy_what_ + " for " +
-          std::to_string((trace::now_ns() - busy_since_ns_) / 1000000) +
+    const Busy* busy = oldest_busy_locked();
+    if (busy != nullptr && trace::now_ns() - busy->since_ns > limit) {
+      die("inside one graph: the executor has been " + busy->what + " for " +
+          std::to_string((trace::now_ns() - busy->since_ns) / 1000000) +
           " ms (residency.wait_limit " + std::to_string(limit / 1000000) +
           " ms; CUDA_ERROR_LAUNCH_TIMEOUT), and the graph that waits for it cannot go on");
     }
