@@ -1223,7 +1223,10 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   if (g.lent) residency::take_back(g.device, back, g.reserve);
   uint32_t* flags = free_locked(g);
   g.ended = true;
-  done_.notify_all();                                          // its waiters see it ended
+  done_.notify_all();  // its waiters see it ended
+  // Found again: the waits above released the lock, and another graph's instantiation may have
+  // rehashed the table meanwhile.
+  it = graphs_.find(exec);
   if (g.waiters > 0) ended_.push_back(std::move(it->second));  // the last of them frees it
   graphs_.erase(it);
   lock.unlock();
