@@ -4,6 +4,11 @@
 //   2. a graph whose memcpy and memset nodes were captured while it was mapped, launched while
 //      it is not: checked at cuGraphLaunch, or only when the node runs?
 //   3. the same for a kernel node.
+//   4. changing the memcpy and memset nodes of an executable (cudaGraphExec*NodeSetParams, with
+//      the parameters they have) and updating it from its graph (cudaGraphExecUpdate) while the
+//      address is not mapped: checked at the call?
+//   5. the graph instantiated over a placeholder (one granule of pages mapped at each of the
+//      address's granules), then launched on pages of its own: correct?
 // Each case: the stream first waits on a flag in pinned host memory; the host maps the pages,
 // then writes the flag; the result must be what the work wrote.
 #include <cuda.h>
@@ -32,7 +37,7 @@ __global__ void fill(unsigned* p, unsigned v, size_t n) {
 
 namespace {
 
-constexpr size_t kBytes = 2u << 20;
+constexpr size_t kBytes = 8u << 20;  // four granules on an H100 or H200
 
 struct Pages {
   CUdeviceptr va = 0;
@@ -137,6 +142,82 @@ int main() {
   std::printf("graph result: %zu of %zu copied bytes right, %zu of %zu set bytes right\n", copied,
               kBytes / 2, set, kBytes / 2);
   if (dst.unmap()) return 1;
+
+  // 4. the executable's nodes changed, and the executable updated, while the address is unmapped
+  size_t count = 0;
+  cudaGraphGetNodes(g, nullptr, &count);
+  std::vector<cudaGraphNode_t> nodes(count);
+  cudaGraphGetNodes(g, nodes.data(), &count);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    cudaGraphNodeGetType(node, &type);
+    if (type == cudaGraphNodeTypeMemset) {
+      cudaMemsetParams p{};
+      cudaGraphMemsetNodeGetParams(node, &p);
+      e = cudaGraphExecMemsetNodeSetParams(x, node, &p);
+      std::printf("cudaGraphExecMemsetNodeSetParams, target unmapped: %s\n", name(e));
+      cudaGetLastError();
+    } else if (type == cudaGraphNodeTypeMemcpy) {
+      cudaMemcpy3DParms p{};
+      cudaGraphMemcpyNodeGetParams(node, &p);
+      e = cudaGraphExecMemcpyNodeSetParams(x, node, &p);
+      std::printf("cudaGraphExecMemcpyNodeSetParams, target unmapped: %s\n", name(e));
+      cudaGetLastError();
+    }
+  }
+  cudaGraphExecUpdateResultInfo info{};
+  e = cudaGraphExecUpdate(x, g, &info);
+  std::printf("cudaGraphExecUpdate from its graph, target unmapped: %s (result %d)\n", name(e),
+              static_cast<int>(info.result));
+  cudaGetLastError();
+  cudaGraphExec_t x2 = nullptr;
+  e = cudaGraphInstantiate(&x2, g, 0);
+  std::printf("cudaGraphInstantiate of that graph, target unmapped: %s\n", name(e));
+  cudaGetLastError();
+
+  // 5. a placeholder: one granule of pages mapped at each granule of the target (vaswap's
+  //    Engine::map_placeholder), for the instantiation only; then the launch on pages of its own
+  {
+    size_t granule = 0;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CK(cuMemGetAllocationGranularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemGenericAllocationHandle one = 0;
+    CK(cuMemCreate(&one, granule, &prop, 0));
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = CUDA_SUCCESS;
+    for (size_t at = 0; at < kBytes && r == CUDA_SUCCESS; at += granule)
+      r = cuMemMap(dst.va + at, granule, 0, one, 0);
+    if (r == CUDA_SUCCESS) r = cuMemSetAccess(dst.va, kBytes, &access, 1);
+    const char* rn = nullptr;
+    cuGetErrorName(r, &rn);
+    std::printf("placeholder (%zu granules of one %zu-byte handle): %s\n", kBytes / granule,
+                granule, rn);
+    cudaGraphExec_t x3 = nullptr;
+    e = cudaGraphInstantiate(&x3, g, 0);
+    std::printf("cudaGraphInstantiate over the placeholder: %s\n", name(e));
+    cudaGetLastError();
+    for (size_t at = 0; at < kBytes; at += granule) CK(cuMemUnmap(dst.va + at, granule));
+    CK(cuMemRelease(one));
+    if (x3 != nullptr) {
+      if (dst.map()) return 1;
+      e = cudaGraphLaunch(x3, s);
+      cudaStreamSynchronize(s);
+      cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
+      copied = set = 0;
+      for (size_t i = 0; i < kBytes; ++i)
+        (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
+      std::printf(
+          "its launch on the target's own pages: %s, %zu of %zu copied and %zu of %zu set "
+          "bytes right\n",
+          name(e), copied, kBytes / 2, set, kBytes / 2);
+      if (dst.unmap()) return 1;
+    }
+  }
 
   // 3. kernel node
   cudaGraph_t kg;

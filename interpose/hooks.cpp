@@ -500,8 +500,26 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
     if (!handle()) return real(exec, graph, rest);
     // Instantiating loads the graph's kernels: not while a stream is parked (device handshake).
     return quietly<R>(call, "an instantiation", intercept::settles(), [&] {
-      const CUgraph instead = intercept::graph_to_instantiate(call, graph);
-      const R rc = real(exec, instead, rest);
+      // With pages for the slots its copies and memsets name: the driver checks them here.
+      auto instantiate = [&](CUgraph which) {
+        R rc{};
+        intercept::with_pages_to_instantiate(call, which, [&] { rc = real(exec, which, rest); });
+        return rc;
+      };
+      CUgraph instead = intercept::graph_to_instantiate(call, graph);
+      R rc = instantiate(instead);
+      if (rc != R{} && instead != graph) {
+        // The driver refused the rewritten copy: the graph is instantiated as captured (the
+        // planner between launches still applies), and the program sees what the driver says
+        // of that.
+        log().warn(
+            "{}: the driver refused the rewritten copy of graph {} ({}): it is "
+            "instantiated as captured",
+            call.symbol, hex(reinterpret_cast<uintptr_t>(graph)), static_cast<int>(rc));
+        intercept::instantiated(call, nullptr, graph, instead);  // the copy goes
+        instead = graph;
+        rc = instantiate(graph);
+      }
       const bool made = rc == R{} && exec != nullptr;
       if (made || instead != graph) {
         intercept::instantiated(call, made ? *exec : nullptr, graph, instead);
@@ -558,8 +576,8 @@ struct ExecChange<R (*)(E, N, Rest...)> {
   R operator()(E exec, N node, Rest... rest) const {
     if (!handle()) return real(exec, node, rest...);
     Scope scope;
-    const N named = reinterpret_cast<N>(intercept::exec_node(reinterpret_cast<CUgraphExec>(exec),
-                                                             reinterpret_cast<CUgraphNode>(node)));
+    const N named = reinterpret_cast<N>(intercept::exec_node_changing(
+        reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
     const R rc = real(exec, named, rest...);
     if (rc == R{}) intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
     return rc;
@@ -579,8 +597,8 @@ struct ExecKernelChange<R (*)(E, N, const P*)> {
   R operator()(E exec, N node, const P* params) const {
     if (!handle()) return real(exec, node, params);
     Scope scope;
-    const N named = reinterpret_cast<N>(intercept::exec_node(reinterpret_cast<CUgraphExec>(exec),
-                                                             reinterpret_cast<CUgraphNode>(node)));
+    const N named = reinterpret_cast<N>(intercept::exec_node_changing(
+        reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
     const R rc = real(exec, named, params);
     if (rc != R{}) return rc;
     if (params == nullptr) {

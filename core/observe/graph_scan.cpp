@@ -39,6 +39,7 @@ class Scanner {
 
   GraphScan result;
   std::map<uintptr_t, Region> found;
+  std::set<uintptr_t> copied;  // GraphScan::copied
 
  private:
   std::vector<CUgraphNode> nodes_of(CUgraph graph) {
@@ -134,6 +135,7 @@ class Scanner {
     if (auto region = registry_.find(static_cast<uintptr_t>(value))) {
       found.emplace(region->base, *region);
       if (into_ != nullptr) into_->push_back(region->base);
+      if (copying_) copied.insert(region->base);
     }
   }
 
@@ -195,8 +197,10 @@ class Scanner {
     auto device_side = [](CUmemorytype type) {
       return type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED;
     };
+    copying_ = true;
     if (device_side(copy.srcMemoryType)) address(copy.srcDevice);
     if (device_side(copy.dstMemoryType)) address(copy.dstDevice);
+    copying_ = false;
   }
 
   void memop_node(CUgraphNode node) {
@@ -225,12 +229,15 @@ class Scanner {
       return;
     }
     ++result.memset_nodes;
+    copying_ = true;
     address(set.dst);
+    copying_ = false;
   }
 
   const Driver& driver_;
   const RegionRegistry& registry_;
   std::vector<uintptr_t>* into_ = nullptr;  // the top-level node being scanned (top_level)
+  bool copying_ = false;                    // a copy's or memset's address is being looked up
 };
 
 }  // namespace
@@ -245,6 +252,7 @@ GraphScan scan_graph(const Driver& driver, CUgraph graph, const RegionRegistry& 
     scanner.graph(graph, 0);
   }
   for (auto& entry : scanner.found) scanner.result.regions.push_back(entry.second);
+  scanner.result.copied.assign(scanner.copied.begin(), scanner.copied.end());
   scanner.result.dur_us = trace::us_since(start);
   return scanner.result;
 }

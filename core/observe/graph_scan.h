@@ -33,6 +33,10 @@ struct GraphScan {
   // dependency query failed (`ordered` false).
   std::vector<ScannedNode> order;
   bool ordered = false;
+  // The regions that copy and memset nodes name (a child graph's included), by base address, each
+  // once: the driver refuses to instantiate the graph while one of them has no pages
+  // (bench/results/launch_unmapped_h100.txt).
+  std::vector<uintptr_t> copied;
   uint64_t nodes = 0, kernel_nodes = 0, extra_buffers = 0, memcpy_nodes = 0, memset_nodes = 0,
            memop_nodes = 0, child_graphs = 0;
   // Nodes whose references could not be read: conditional nodes (their bodies are not

@@ -794,6 +794,15 @@ ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph) {
   return facts;
 }
 
+// The slots among the regions that contain these addresses, each once.
+void add_slot(const RegionRegistry& registry, uintptr_t address, std::vector<Slot*>* slots) {
+  if (address == 0) return;
+  auto region = registry.find(address);
+  if (!region || region->kind != RegionKind::slot) return;
+  auto* slot = static_cast<Slot*>(region->slot);
+  if (std::find(slots->begin(), slots->end(), slot) == slots->end()) slots->push_back(slot);
+}
+
 }  // namespace
 
 CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
@@ -842,6 +851,40 @@ CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
   return instead != nullptr ? instead : graph;
 }
 
+void with_pages_to_instantiate(const Call& call, CUgraph graph,
+                               const std::function<void()>& instantiate) {
+  Tables& t = tables();
+  const Driver* driver = graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0
+                             ? nullptr
+                             : load_driver(nullptr);
+  if (driver == nullptr) return instantiate();
+  const GraphScan scan = scan_graph(*driver, graph, t.registry);
+  std::vector<Slot*> slots;
+  for (const uintptr_t base : scan.copied) add_slot(t.registry, base, &slots);
+  if (slots.empty()) return instantiate();
+  bool ran = false;
+  const auto run = [&] {
+    ran = true;
+    instantiate();
+  };
+  std::string why;
+  CUresult rc = CUDA_SUCCESS;
+  const std::vector<Slot*> rest = inside::present(slots, &rc, &why);  // lent ones come back
+  if (rc == CUDA_SUCCESS) {
+    try {
+      residency::with_pages(rest, run);
+    } catch (const Error& error) {
+      why = error.what();
+    }
+  }
+  if (ran) return;
+  log().warn(
+      "{}: the {} slot(s) that copies or memsets of graph {} name could not be given pages "
+      "while it is instantiated ({}): the driver refuses such a graph",
+      call.symbol, slots.size(), hex(reinterpret_cast<uintptr_t>(graph)), why);
+  instantiate();
+}
+
 void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead) {
   if (instead != graph) inside::instantiated(instead, exec);
   if (exec == nullptr) return;
@@ -884,12 +927,9 @@ void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> gra
   // A rewritten graph updated from another graph (the driver allows it only where the nodes
   // match) no longer runs the windows its executor follows: its slots come back and return to
   // residency before its next launch (launches in flight keep the graph they started with). One
-  // whose node changed keeps its windows, with nothing unmapped any more.
-  if (graph) {
-    inside::exec_destroyed(exec);
-  } else {
-    inside::node_changing(exec);
-  }
+  // whose node changed keeps its windows, with nothing unmapped any more (exec_node_changing,
+  // before the change).
+  if (graph) inside::exec_destroyed(exec);
   ExecFacts facts;
   if (graph) {
     // cudaGraphExecUpdate: the executable now runs this graph's nodes.
@@ -1053,15 +1093,6 @@ bool room_beside_graphs(const Call& call, size_t bytes) {
 // =============================================================================================
 
 namespace {
-
-// The slots among the regions that contain these addresses, each once.
-void add_slot(const RegionRegistry& registry, uintptr_t address, std::vector<Slot*>* slots) {
-  if (address == 0) return;
-  auto region = registry.find(address);
-  if (!region || region->kind != RegionKind::slot) return;
-  auto* slot = static_cast<Slot*>(region->slot);
-  if (std::find(slots->begin(), slots->end(), slot) == slots->end()) slots->push_back(slot);
-}
 
 void add_words(const RegionRegistry& registry, const void* data, size_t bytes,
                std::vector<Slot*>* slots) {
@@ -1302,12 +1333,14 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
   return hand_to_planner(call, stream, slots, residency::Checked::when_run);
 }
 
-CUgraphNode exec_node(CUgraphExec exec, CUgraphNode node) { return inside::node_in(exec, node); }
+CUgraphNode exec_node_changing(CUgraphExec exec, CUgraphNode node) {
+  inside::node_changing(exec);
+  return inside::node_in(exec, node);
+}
 
 void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
                          void** extra) {
   Tables& t = tables();
-  inside::node_changing(exec);
   bool opaque = kernel.key == nullptr || (params == nullptr && extra == nullptr);
   std::vector<Slot*> added;
   if (!opaque) added = kernel_slots(call, kernel, params, extra, &opaque);

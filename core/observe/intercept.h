@@ -103,6 +103,12 @@ void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstre
 // Before the real instantiation of `graph`: the graph to instantiate instead (a rewritten copy
 // with windows inside it, core/plan/inside.h), or `graph` itself.
 CUgraph graph_to_instantiate(const Call& call, CUgraph graph);
+// Runs `instantiate` (the real instantiation of `graph`) while the slots its copy and memset
+// nodes name have pages: the driver refuses a graph whose copy names an address without them
+// (bench/results/launch_unmapped_h100.txt), and residency may have evicted one since the capture.
+// Pages that cannot be had are logged, and the driver then says what it says.
+void with_pages_to_instantiate(const Call& call, CUgraph graph,
+                               const std::function<void()>& instantiate);
 // An executable graph was made (`exec`; nullptr when the instantiation failed) from `graph`, or
 // from `instead` (what graph_to_instantiate gave): the graph is scanned for the slots it uses
 // (graph_scan.h).
@@ -111,8 +117,11 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph ins
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
 // Before the real cudaGraphExec*NodeSetParams: the node to name (the program names a node of
-// the captured graph; an executable made from a rewritten copy has its counterpart there).
-CUgraphNode exec_node(CUgraphExec exec, CUgraphNode node);
+// the captured graph; an executable made from a rewritten copy has its counterpart there). A
+// rewritten executable's slots come back to the device first and are unmapped no more
+// (inside::node_changing): the driver checks a copy or memset node's new addresses at the call,
+// and refuses one without pages (bench/results/launch_unmapped_h200.txt).
+CUgraphNode exec_node_changing(CUgraphExec exec, CUgraphNode node);
 // What a launch holds from before the real call to after it. Not ok: the launch must not happen
 // (its slots cannot fit the residency budget); the hook returns the API's out-of-memory error.
 using Ticket = planner::Ticket;

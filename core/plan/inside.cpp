@@ -483,17 +483,11 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     lent.inner = lent.steps.size() > (lent.wraps ? 2u : 0u);
   }
   // The driver refuses a copy node naming an address without pages (as it refuses to capture
-  // one, bench/results/launch_unmapped_h200.txt): a slot without them gets pages while its nodes
-  // are added, one slot at a time, and gives them back after.
-  // Under the auto budget the device may have no room even for that: residency first evicts
-  // slots no launch needs (as for the program's own allocations), else the rewrite failed and the
-  // graph's launch was refused.
-  auto with_pages = [&picked, device](size_t candidate, const std::function<void()>& add) {
-    Slot* slot = picked[candidate];
-    size_t free_bytes = 0, total_bytes = 0;
-    engine().memory_info(device, &free_bytes, &total_bytes);
-    if (free_bytes < slot->mapped_bytes) residency::make_room(device, slot->mapped_bytes);
-    residency::with_pages(slot, add);
+  // one, bench/results/launch_unmapped_h200.txt): a slot without them has a placeholder mapped
+  // while its nodes are added (residency::with_pages; no memory of its own, so a full device
+  // is no obstacle), one slot at a time.
+  auto with_pages = [&picked](size_t candidate, const std::function<void()>& add) {
+    residency::with_pages({picked[candidate]}, add);
   };
   CUgraph rewritten = nullptr;
   try {

@@ -427,7 +427,7 @@ class Residency {
   bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent);
   void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
   void take_back_offloaded(Slot* slot, void* host);
-  void with_pages(Slot* slot, const std::function<void()>& fn);
+  void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
   std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause);
   void prefetch(const std::vector<Slot*>& slots);
   void set_schedule(const std::vector<std::vector<Slot*>>& uses);
@@ -2196,38 +2196,60 @@ void Residency::take_back(int device, const std::vector<Slot*>& slots, uint64_t 
   changed_.notify_all();
 }
 
-void Residency::with_pages(Slot* slot, const std::function<void()>& fn) {
+void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn) {
+  // A placeholder takes one granule (at most a slot's pages): on a full device, slots no launch
+  // needs make room for it first, as for the program's own allocations.
+  std::map<int, size_t> smallest;
+  for (const Slot* slot : slots) {
+    auto [it, added] = smallest.emplace(slot->device, slot->mapped_bytes);
+    if (!added) it->second = std::min(it->second, slot->mapped_bytes);
+  }
+  for (const auto& [device, bytes] : smallest) {
+    size_t free_bytes = 0, total_bytes = 0;
+    engine().memory_info(device, &free_bytes, &total_bytes);
+    if (free_bytes < bytes) make_room(device, bytes);
+  }
   std::lock_guard<std::mutex> submit(submit_);  // nothing new is decided meanwhile
-  bool map = false;
-  uint64_t id = 0;
+  std::vector<Slot*> map;
+  std::vector<std::unique_ptr<BusyHold>> holds;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto idle = [this, slot] {
-      const Entry* e = find_locked(slot);
-      return e == nullptr || (settled(*e) && e->busy == 0);
+    auto idle = [this, &slots] {
+      return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
+        const Entry* e = find_locked(slot);
+        return e == nullptr || (settled(*e) && e->busy == 0);
+      });
     };
     if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), idle)) {
-      fail(VASWAP_ERROR_INVALID_STATE, "an eviction or a restore of " + slot->describe() +
-                                           " did not end within residency.wait_limit");
+      std::string names;
+      for (const Slot* slot : slots) names += (names.empty() ? "" : ", ") + slot->describe();
+      fail(VASWAP_ERROR_INVALID_STATE,
+           "an eviction or a restore of " + names + " did not end within residency.wait_limit");
     }
-    Entry* e = find_locked(slot);
-    if (e != nullptr) {
-      map = e->where != Where::resident;
-      id = e->id;
+    for (Slot* slot : slots) {
+      Entry* e = find_locked(slot);
+      if (e == nullptr) continue;
+      // A lent slot's pages are its executor's (inside::present brings it back).
+      if (e->where != Where::resident && e->where != Where::lent) map.push_back(slot);
       ++e->busy;  // forget() waits for it
+      holds.push_back(std::make_unique<BusyHold>(*this, e->id));
     }
   }
-  const BusyHold hold(*this, id);
-  // A map that fails (no pages) is thrown to the caller, which reports it (the rewrite says why
-  // its graph is instantiated as captured), not logged as an error here.
-  if (map) engine().back(slot, std::nullopt, /*report=*/false);
+  // A placeholder (one granule of pages for all of them): the address is valid and no memory is
+  // needed, however many slots there are. A map that fails is thrown to the caller, which reports
+  // it, not logged as an error here; the placeholders mapped before it go.
+  size_t mapped = 0;
+  auto unmap = [&] {
+    for (size_t i = 0; i < mapped; ++i) engine().unmap_placeholder(map[i]);
+  };
   try {
+    for (; mapped < map.size(); ++mapped) engine().map_placeholder(map[mapped]);
     fn();
   } catch (...) {
-    if (map) engine().unback(slot, std::nullopt);
+    unmap();
     throw;
   }
-  if (map) engine().unback(slot, std::nullopt);
+  unmap();
 }
 
 void Residency::take_back_offloaded(Slot* slot, void* host) {
@@ -3829,7 +3851,9 @@ void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve) {
   the().take_back(device, slots, reserve);
 }
 void take_back_offloaded(Slot* slot, void* host) { the().take_back_offloaded(slot, host); }
-void with_pages(Slot* slot, const std::function<void()>& fn) { the().with_pages(slot, fn); }
+void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn) {
+  the().with_pages(slots, fn);
+}
 // The plan's moves at a position may name slots of several devices (one plan per device).
 std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause) {
   std::vector<Slot*> left;

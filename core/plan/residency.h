@@ -131,12 +131,14 @@ bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* 
 // use.
 void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
 void take_back_offloaded(Slot* slot, void* host);
-// Runs `fn` while `slot` has pages: its own if it is resident, else pages mapped for the call
-// and unmapped after it (without data: for driver calls that check an address, such as adding a
-// copy node to a graph). Nothing is decided meanwhile; an eviction or a restore of the slot under
-// way ends first (bounded by residency.wait_limit, else Error). Throws what `fn` or the engine
-// throw, with the slot as it was.
-void with_pages(Slot* slot, const std::function<void()>& fn);
+// Runs `fn` while `slots` have pages: their own where resident, else a placeholder mapped for the
+// call and unmapped after it (Engine::map_placeholder: no data and no memory of their own; for
+// driver calls that check an address, such as adding a copy node to a graph or instantiating
+// one). Lent slots are left as they are (their executor's:
+// inside::present). Nothing is decided meanwhile; an eviction or a restore of one under way ends
+// first (bounded by residency.wait_limit, else Error). Throws what `fn` or the engine throw, with
+// the slots as they were.
+void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
 
 // The plan's actions. evict: offload `slots` that are resident and not in use now (after their
 // last use); returns those it left resident (in use by a launch being made, an eviction the

@@ -568,6 +568,72 @@ void Engine::unback(Slot* slot, const std::optional<BatchTiming>& timing, bool k
   pages_released(facts_of(*slot), times, start, timing);
 }
 
+void Engine::map_placeholder(Slot* slot) {
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  const std::string subject = slot->describe() + ", a placeholder for the driver's address check";
+  const size_t granule = d.granularity;
+  std::lock_guard<std::mutex> users(d.placeholder_mutex);
+  auto lock = driver_call_lock();
+  if (d.placeholder_users == 0) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d.ordinal;
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult rc = driver_.cuMemCreate(&handle, granule, &prop, 0);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && release_spares(d) > 0) {
+      rc = driver_.cuMemCreate(&handle, granule, &prop, 0);
+    }
+    check(rc, "cuMemCreate", subject, /*report=*/false);
+    d.placeholder = handle;
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = d.ordinal;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  size_t mapped = 0;
+  CUresult rc = CUDA_SUCCESS;
+  const char* call = "cuMemMap";
+  for (; mapped < slot->mapped_bytes; mapped += granule) {
+    rc = driver_.cuMemMap(slot->va + mapped, granule, 0, d.placeholder, 0);
+    if (rc != CUDA_SUCCESS) break;
+  }
+  if (rc == CUDA_SUCCESS) {
+    call = "cuMemSetAccess";
+    rc = driver_.cuMemSetAccess(slot->va, slot->mapped_bytes, &access, 1);
+  }
+  if (rc == CUDA_SUCCESS) {
+    ++d.placeholder_users;
+    return;
+  }
+  for (size_t at = 0; at < mapped; at += granule) driver_.cuMemUnmap(slot->va + at, granule);
+  if (d.placeholder_users == 0) {
+    driver_.cuMemRelease(d.placeholder);
+    d.placeholder = 0;
+  }
+  check(rc, call, subject, /*report=*/false);
+}
+
+void Engine::unmap_placeholder(Slot* slot) {
+  Device& d = device(slot->device);
+  ContextScope scope(driver_, d.context);
+  std::lock_guard<std::mutex> users(d.placeholder_mutex);
+  auto lock = driver_call_lock();
+  // One granule at a time, as they were mapped.
+  CUresult failed = CUDA_SUCCESS;
+  for (size_t at = 0; at < slot->mapped_bytes; at += d.granularity) {
+    const CUresult rc = driver_.cuMemUnmap(slot->va + at, d.granularity);
+    if (rc != CUDA_SUCCESS && failed == CUDA_SUCCESS) failed = rc;
+  }
+  if (failed == CUDA_SUCCESS && --d.placeholder_users == 0) {
+    driver_.cuMemRelease(d.placeholder);  // freed with its last mapping in any case
+    d.placeholder = 0;
+  }
+  check(failed, "cuMemUnmap", slot->describe() + ", its placeholder for the driver's address check",
+        /*report=*/false);
+}
+
 void Engine::destroy_slot(Slot* slot, bool device_idle_for_it) {
   CUmemGenericAllocationHandle remap_handle = 0;
   {

@@ -57,6 +57,11 @@ struct Device {
   std::mutex spare_mutex;
   std::multimap<size_t, CUmemGenericAllocationHandle> spare;
   uint64_t spare_bytes = 0;
+  // One granule of pages mapped at every granule of the slots that need a valid address and no
+  // data (Engine::map_placeholder); made for the first of them, released with the last.
+  std::mutex placeholder_mutex;
+  CUmemGenericAllocationHandle placeholder = 0;
+  size_t placeholder_users = 0;
 };
 
 // Makes a context current on this thread for a scope, and restores the previous one.
@@ -223,6 +228,14 @@ class Engine {
   // without, page reuse applies as the C API set it (vaswap_set_page_reuse).
   void back(Slot* slot, const std::optional<BatchTiming>& timing, bool report = true);
   void unback(Slot* slot, const std::optional<BatchTiming>& timing, bool keep = false);
+  // For driver calls that check a slot's address and touch no data (adding a copy node to a
+  // graph, instantiating one): map_placeholder() maps the device's placeholder granule at each of
+  // the slot's granules, so the address is valid and costs one granule of memory for all slots
+  // mapped so at once; unmap_placeholder() takes it away. The slot must have no pages (managed, not
+  // resident) and nothing may run on it meanwhile. Each throws Error naming the call and the slot,
+  // without logging it, with nothing mapped.
+  void map_placeholder(Slot* slot);
+  void unmap_placeholder(Slot* slot);
   // Gives `ordinal` (another device) read and write access to the slot's pages, now and at every
   // later map: a copy enqueued on that device's stream names the slot (a peer copy). The caller
   // holds the slot mapped meanwhile (residency's acquire). Throws Error naming the call, the

@@ -3,8 +3,9 @@
 // pointer and array operands). Two 4 MiB buffers; under vaswap with a residency.budget that holds
 // one of them, touching one evicts the other, so each copy below names a buffer that is away and
 // must be brought back before the driver sees it (the driver refuses a copy from or into unmapped
-// pages). Prints "copy forms: <checksum of both buffers and the host copy>"; exit 0. The same
-// checksum is printed without vaswap.
+// pages); and a graph whose copy and memset nodes name b is instantiated while b is away
+// (the driver checks those addresses at the instantiation). Prints "copy forms: <checksum of
+// both buffers and the host copy>"; exit 0. The same checksum is printed without vaswap.
 #include <cuda.h>
 
 #include <algorithm>
@@ -106,6 +107,22 @@ int main() {
   CHECK(cuMemcpy3DBatchAsync(1, &op, 0, stream));
   CHECK(cuStreamSynchronize(stream));
 
+  // A graph whose copy and memset nodes name b, instantiated while b is away: the driver checks
+  // those nodes' addresses at the instantiation (a GPU refuses one without pages).
+  CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK(cuMemcpyDtoDAsync(b + (1u << 20), b + kArray, kArray, stream));
+  CHECK(cuMemsetD8Async(b + (2u << 20), 0x77, kArray, stream));
+  CUgraph graph = nullptr;
+  CHECK(cuStreamEndCapture(stream, &graph));
+  uint8_t first = 0;
+  CHECK(cuMemcpyDtoH(&first, a, 1));  // under vaswap: b is evicted for a
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiate(&exec, graph, 0));
+  CHECK(cuGraphLaunch(exec, stream));
+  CHECK(cuStreamSynchronize(stream));
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+
   std::vector<uint8_t> got_a(kBuffer), got_b(kBuffer);
   CHECK(cuMemcpyDtoH(got_a.data(), a, kBuffer));
   CHECK(cuMemcpyDtoH(got_b.data(), b, kBuffer));
@@ -118,6 +135,12 @@ int main() {
     }
     if (i >= kArray / 2 && got_b[kBuffer - kArray + i - kArray / 2] != pattern[12345 + i]) {
       std::fprintf(stderr, "copy_forms_probe: b's tail is not the array's second half\n");
+      return 1;
+    }
+  }
+  for (size_t i = 0; i < kArray; ++i) {
+    if (got_b[(1u << 20) + i] != pattern[12345 + i] || got_b[(2u << 20) + i] != 0x77) {
+      std::fprintf(stderr, "copy_forms_probe: b[%zu] is not what the graph copied or set\n", i);
       return 1;
     }
   }

@@ -254,23 +254,41 @@ CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hg, const CUg
   return add_node(out, hg, deps, n, std::move(node));
 }
 
+// The device sides of a copy node, of a memset node, and of those in a child graph: mapped, or
+// CUDA_ERROR_INVALID_VALUE. The driver checks them when a copy node is added (as a captured copy
+// is), when a graph is instantiated, and when an executable's copy or memset node is given new
+// parameters, not when an executable is updated or launched
+// (bench/results/launch_unmapped_h100.txt).
+static CUresult check_node_spans(const Node& node) {
+  if (node.type == CU_GRAPH_NODE_TYPE_MEMCPY) {
+    const CUDA_MEMCPY3D& copy = node.copy;
+    const size_t rows = std::max<size_t>(copy.Height, 1) * std::max<size_t>(copy.Depth, 1);
+    if (copy.srcMemoryType == CU_MEMORYTYPE_DEVICE) {
+      SIM_TRY(check_span(copy.srcDevice + copy.srcXInBytes, copy.WidthInBytes * rows, nullptr));
+    }
+    if (copy.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
+      SIM_TRY(check_span(copy.dstDevice + copy.dstXInBytes, copy.WidthInBytes * rows, nullptr));
+    }
+  } else if (node.type == CU_GRAPH_NODE_TYPE_MEMSET) {
+    const CUDA_MEMSET_NODE_PARAMS& set = node.memset;
+    const size_t rows = std::max<size_t>(set.height, 1);
+    const size_t row = set.width * set.elementSize;
+    SIM_TRY(check_span(set.dst, (rows - 1) * set.pitch + row, nullptr));
+  } else if (node.type == CU_GRAPH_NODE_TYPE_GRAPH && node.child) {
+    for (const auto& inner : node.child->nodes) SIM_TRY(check_node_spans(*inner));
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
                                       size_t n, const CUDA_MEMCPY3D* copy, CUcontext ctx) {
   SIM_ENTER();
   (void)ctx;
   if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  // As a captured copy is (and as the H200 does: a node naming a reserved address without pages
-  // is refused with CUDA_ERROR_INVALID_VALUE), the device side must be mapped when it is added.
-  const size_t rows = std::max<size_t>(copy->Height, 1) * std::max<size_t>(copy->Depth, 1);
-  if (copy->srcMemoryType == CU_MEMORYTYPE_DEVICE) {
-    SIM_TRY(check_span(copy->srcDevice + copy->srcXInBytes, copy->WidthInBytes * rows, nullptr));
-  }
-  if (copy->dstMemoryType == CU_MEMORYTYPE_DEVICE) {
-    SIM_TRY(check_span(copy->dstDevice + copy->dstXInBytes, copy->WidthInBytes * rows, nullptr));
-  }
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = *copy;
+  SIM_TRY(check_node_spans(*node));
   return add_node(out, hg, deps, n, std::move(node));
 }
 
@@ -490,6 +508,7 @@ static CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long fla
       CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
   if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   SIM_TRY(check_capture_safety(/*own_only=*/true));
+  for (const auto& node : g->nodes) SIM_TRY(check_node_spans(*node));
   int dev = 0;
   SIM_TRY(current_device(&dev));
   const DeviceWideWork stall(dev);
@@ -662,6 +681,7 @@ CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec he, CUgraphNode hn,
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   node->copy = *copy;
+  SIM_TRY(check_node_spans(*node));
   return replace_exec_node(he, hn, std::move(node));
 }
 
@@ -674,6 +694,7 @@ CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec he, CUgraphNode hn,
   auto node = std::make_unique<Node>();
   node->type = CU_GRAPH_NODE_TYPE_MEMSET;
   node->memset = *params;
+  SIM_TRY(check_node_spans(*node));
   return replace_exec_node(he, hn, std::move(node));
 }
 

@@ -244,3 +244,69 @@ TEST_F(CaptureTest, LegacyStreamCannotBeCaptured) {
 }
 
 }  // namespace
+
+// As on a GPU (bench/results/launch_unmapped_h100.txt): a graph's copy and memset nodes are
+// checked against their addresses when the graph is instantiated and when an executable's node is
+// given new parameters, not when the executable is updated or launched.
+TEST_F(CaptureTest, CopyAndMemsetNodesAreCheckedAtInstantiationAndAtNewParameters) {
+  ManualSlot slot;
+  slot.reserve(2 * kGran);
+  CUmemGenericAllocationHandle pages = slot.map_new();
+  CUdeviceptr other = 0;
+  ASSERT_CU(cuMemAlloc(&other, kGran));
+  ASSERT_CU(cuMemsetD8(other, 0x21, kGran));
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ASSERT_CU(cuMemsetD8Async(slot.va, 0x42, kGran, s_));
+  ASSERT_CU(cuMemcpyDtoDAsync(slot.va + kGran, other, kGran, s_));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
+  CUgraphNode nodes[2] = {};
+  size_t count = 2;
+  ASSERT_CU(cuGraphGetNodes(g, nodes, &count));
+  ASSERT_EQ(2u, count);
+  CUDA_MEMSET_NODE_PARAMS set{};
+  ASSERT_CU(cuGraphMemsetNodeGetParams(nodes[0], &set));
+  CUDA_MEMCPY3D copy{};
+  ASSERT_CU(cuGraphMemcpyNodeGetParams(nodes[1], &copy));
+
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  CUgraphExec again = nullptr;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphInstantiate(&again, g, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuGraphExecMemsetNodeSetParams(exec, nodes[0], &set, nullptr));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuGraphExecMemcpyNodeSetParams(exec, nodes[1], &copy, nullptr));
+  CUgraphExecUpdateResultInfo info{};
+  EXPECT_CU_ERR(CUDA_SUCCESS, cuGraphExecUpdate(exec, g, &info));
+
+  // One granule of pages mapped at each of the reservation's granules (as vaswap's placeholder
+  // is) passes the checks; the launch then runs on the slot's own pages, mapped again.
+  CUmemGenericAllocationHandle one = 0;
+  const CUmemAllocationProp prop = device_prop(0);
+  const CUmemAccessDesc access = rw_access(0);
+  ASSERT_CU(cuMemCreate(&one, kGran, &prop, 0));
+  ASSERT_CU(cuMemMap(slot.va, kGran, 0, one, 0));
+  ASSERT_CU(cuMemMap(slot.va + kGran, kGran, 0, one, 0));
+  ASSERT_CU(cuMemSetAccess(slot.va, 2 * kGran, &access, 1));
+  ASSERT_CU(cuGraphInstantiate(&again, g, 0));
+  ASSERT_CU(cuMemUnmap(slot.va, kGran));
+  ASSERT_CU(cuMemUnmap(slot.va + kGran, kGran));
+  ASSERT_CU(cuMemRelease(one));
+  ASSERT_CU(cuMemRelease(pages));
+  pages = slot.map_new();
+  ASSERT_CU(cuGraphLaunch(again, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(slot.va);
+  EXPECT_EQ(0x42, bytes[100]);
+  EXPECT_EQ(0x21, bytes[kGran + 100]);
+
+  ASSERT_CU(cuGraphExecDestroy(again));
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(other));
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(pages));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
