@@ -66,7 +66,17 @@ struct Rewritten {
   // Destroyed (its slots went back to residency). Threads that wait on it with the lock released
   // (present, forget: `waiters`) keep it until the last of them leaves.
   bool ended = false;
-  CUevent finished = nullptr;  // recorded after each of its launches: its device work is over
+  CUevent finished = nullptr;      // recorded after each of its launches: its device work is over
+  CUstream last_stream = nullptr;  // the stream of its last launch enqueued (finished's)
+  // Other work that used its lent slots, by stream (used_elsewhere): an event recorded after it,
+  // `pending` until a launch of this graph was ordered after it. A launch on another stream waits
+  // for it on the device before anything moves the slots.
+  struct Other {
+    CUstream stream = nullptr;
+    CUevent used = nullptr;
+    bool pending = false;
+  };
+  std::vector<Other> others;
   int device = 0;
   int waiters = 0;
   CUcontext context = nullptr;
@@ -154,6 +164,7 @@ class Inside {
   std::vector<Slot*> lent_to(CUgraphExec exec);
   CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
   void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued);
+  void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream);
   std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
   void exec_destroyed(CUgraphExec exec);
   void node_changing(CUgraphExec exec);
@@ -737,6 +748,29 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   // executor unmaps it once the copy has completed.
   const bool idle = g.queued == 0;
   const Driver& driver = drv();
+  // Invariant 3 across streams: what this launch moves (its hand-off copies, then its windows'
+  // releases and the executor's unmaps) waits on the device for work on other streams that used
+  // its slots, and for its own last launch if that was on another stream.
+  for (Rewritten::Other& other : g.others) {
+    if (!other.pending) continue;
+    if (other.stream != stream) {
+      const CUresult rc = driver.cuStreamWaitEvent(stream, other.used, 0);
+      if (rc != CUDA_SUCCESS) {
+        *message = cuda_failure("cuStreamWaitEvent", rc,
+                                "a rewritten graph's launch, for other work that used its slots");
+        return rc;
+      }
+    }
+    other.pending = false;  // what this stream runs from now on comes after it
+  }
+  if (g.finished != nullptr && g.last_stream != stream) {
+    const CUresult rc = driver.cuStreamWaitEvent(stream, g.finished, 0);
+    if (rc != CUDA_SUCCESS) {
+      *message = cuda_failure("cuStreamWaitEvent", rc,
+                              "a rewritten graph's launch, for its last launch on another stream");
+      return rc;
+    }
+  }
   for (Lent& lent : g.slots) {
     if (lent.gone || !lent.wraps) continue;
     const bool on_device = lent.kept || g.disabled || !g.lent || (idle && lent.mapped);
@@ -786,9 +820,48 @@ void Inside::launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
         driver.cuEventCreate(&g.finished, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
       g.finished = nullptr;
     }
-    if (g.finished != nullptr) driver.cuEventRecord(g.finished, stream);
+    if (g.finished != nullptr && driver.cuEventRecord(g.finished, stream) == CUDA_SUCCESS) {
+      g.last_stream = stream;
+    }
   }
   work_.notify_all();
+}
+
+void Inside::used_elsewhere(const std::vector<Slot*>& slots, CUstream stream) {
+  if (slots.empty()) return;
+  bool unordered = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Rewritten*> marked;
+    for (Slot* slot : slots) {
+      auto it = owner_.find(slot);
+      if (it == owner_.end()) continue;
+      Rewritten& g = *it->second;
+      if (std::find(marked.begin(), marked.end(), &g) != marked.end()) continue;
+      marked.push_back(&g);
+      auto other = std::find_if(g.others.begin(), g.others.end(),
+                                [stream](const Rewritten::Other& o) { return o.stream == stream; });
+      if (other == g.others.end()) {
+        CUevent used = nullptr;
+        if (drv().cuEventCreate(&used, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+          unordered = true;
+          continue;
+        }
+        other = g.others.insert(g.others.end(), Rewritten::Other{stream, used, false});
+      }
+      if (drv().cuEventRecord(other->used, stream) != CUDA_SUCCESS) {
+        unordered = true;
+        continue;
+      }
+      other->pending = true;
+    }
+  }
+  if (!unordered) return;
+  // No event to order the graph's next launch by: the work ends here before anything else runs.
+  log().warn(
+      "inside one graph: an event after other work that uses a lent slot could not be "
+      "recorded: this thread waits for its stream instead");
+  drv().cuStreamSynchronize(stream);
 }
 
 // =============================================================================================
@@ -1029,21 +1102,31 @@ void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, c
     die("inside one graph: the launches of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
         " were not carried out within residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT) " + why);
   }
-  if (g.ended || g.finished == nullptr) return;
+  if (g.ended) return;
   // The executor has taken every flag; the graph may still be clearing one, copying a slot back
-  // from its host copy, and using it. Its end, waited for without the lock.
-  const CUevent finished = g.finished;
-  CUresult rc = CUDA_ERROR_NOT_READY;
+  // from its host copy, and using it; other work on other streams may still use its slots. Their
+  // ends, waited for without the lock.
+  std::vector<CUevent> ends;
+  if (g.finished != nullptr) ends.push_back(g.finished);
+  for (const Rewritten::Other& other : g.others) {
+    if (other.pending) ends.push_back(other.used);
+  }
+  if (ends.empty()) return;
+  CUresult rc = CUDA_SUCCESS;
   unlocked(lock, g, [&] {
     const uint64_t start = trace::now_ns();
-    while ((rc = drv().cuEventQuery(finished)) == CUDA_ERROR_NOT_READY &&
-           trace::now_ns() - start < wait_limit_ns_.load()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    for (const CUevent end : ends) {
+      while ((rc = drv().cuEventQuery(end)) == CUDA_ERROR_NOT_READY &&
+             trace::now_ns() - start < wait_limit_ns_.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (rc == CUDA_ERROR_NOT_READY) return;
     }
   });
   if (rc == CUDA_ERROR_NOT_READY) {
     die("inside one graph: the last launch of graph " + hex(reinterpret_cast<uintptr_t>(g.exec)) +
-        " did not end on the device within residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT) " +
+        ", or other work that used its slots, did not end on the device within "
+        "residency.wait_limit (CUDA_ERROR_LAUNCH_TIMEOUT) " +
         why);
   }
 }
@@ -1300,6 +1383,7 @@ void Inside::forget(Slot* slot) {
 
 uint32_t* Inside::free_locked(Rewritten& g) {
   if (g.finished != nullptr) drv().cuEventDestroy(g.finished);
+  for (const Rewritten::Other& other : g.others) drv().cuEventDestroy(other.used);
   if (g.clone != nullptr) drv().cuGraphDestroy(g.clone);
   for (Lent& lent : g.slots) {
     if (lent.handed != nullptr) drv().cuEventDestroy(lent.handed);
@@ -1354,6 +1438,9 @@ void Inside::watch() {
 
 void configure(const Settings& settings) { the().configure(settings); }
 bool enabled() { return the().enabled(); }
+void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream) {
+  the().used_elsewhere(slots, stream);
+}
 CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,
                 const std::function<bool(const Slot*)>& shared, std::string* why) {
   return the().prepare(graph, scan, slots, shared, why);

@@ -74,6 +74,11 @@ void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued);
 // failure `rc` and `message` say why.
 std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
 
+// Other work that uses `slots` (present() gave them back as lent: not in its result) was enqueued
+// on `stream`: the next launch of their graph on another stream waits for it on the device before
+// it moves them (invariant 3), and the graph's end (destroyed, changed) waits for it too.
+void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream);
+
 // `exec` is about to be destroyed, or the program updated it from another graph (which replaces
 // its nodes, windows included): its launches finish, its slots get their pages and data back
 // and return to residency, and it is followed no more.

@@ -202,6 +202,11 @@ Ticket Planner::acquire(std::unique_lock<std::mutex>& lock, const std::vector<Sl
     ticket.result =
         residency::acquire(rest, stream, what, &ticket.acquired, &ticket.message, checked, shape);
   }
+  if (rest.size() < slots.size()) {
+    for (Slot* slot : slots) {
+      if (std::find(rest.begin(), rest.end(), slot) == rest.end()) ticket.borrowed.push_back(slot);
+    }
+  }
   lock.lock();
   if (ticket.result != CUDA_SUCCESS) return ticket;
   const residency::Acquired& a = ticket.acquired;
@@ -695,6 +700,7 @@ Ticket Planner::before_graph(const char* symbol, CUgraphExec exec, CUstream stre
 void Planner::after_graph(CUgraphExec exec, CUstream stream, uint64_t capture,
                           const Ticket& ticket) {
   residency::used(ticket.acquired);
+  inside::used_elsewhere(ticket.borrowed, stream);
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::steady && ticket.result == CUDA_SUCCESS && releases_after_use() &&
       ticket.generation == generation_ && ticket.next_position == executor_.position()) {
@@ -843,6 +849,7 @@ Ticket before_eager(const char* symbol, CUstream stream, const std::vector<Slot*
 }
 void after_eager(const Ticket& ticket) {
   residency::used(ticket.acquired);
+  inside::used_elsewhere(ticket.borrowed, ticket.acquired.stream);
   if (!ticket.release_after.empty()) planner().after_eager(ticket, ticket.acquired.stream);
 }
 void capture_begun() { planner().capture_begun(); }

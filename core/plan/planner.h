@@ -58,6 +58,9 @@ struct Ticket {
   // An eager call's: planned releases whose slots it uses last before the next launch
   // (schedule.release_after_use), issued once it is enqueued, if learning has not begun again.
   std::vector<Slot*> release_after;
+  // Its slots lent to a rewritten graph's executor (inside.h): they are not in `acquired`, and
+  // inside::used_elsewhere orders that graph's next launch after this work.
+  std::vector<Slot*> borrowed;
   uint64_t generation = 0;
   int next_position = -1;  // a steady launch's: the executor's position once it was handled
 };

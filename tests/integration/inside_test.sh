@@ -24,6 +24,8 @@
 #      driver past residency.wait_limit ends the process with exit status 70 and names it.
 #   6. Each stream creation of the run failing in turn: the checksum, or the failed call named;
 #      the rewrite's own stream failing leaves the graph instantiated as captured, said.
+#   7. Another stream reads a lent slot without ordering (both only read it): the graph's next
+#      launch waits for it on the device; the same with launches on two streams in turn.
 # Usage: inside_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -217,3 +219,26 @@ for n in $(seq 1 "$creates"); do
 done
 [[ $captured == 1 ]] || fail "stream_fails: the rewrite's stream failing was said $captured times, not once"
 echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured"
+
+# 7. Another stream (side_stream_probe.cu): a long kernel on stream X reads a table that the graph
+# reads too and that a window of the graph takes off the device in the middle of each launch; the
+# program orders nothing between X and the next launch (both only read it). The next launch waits
+# on the device for X's kernel before it moves the table (without that wait the kernel faults on
+# the simulator: an illegal address on a GPU). --alternate launches the graph on two streams in
+# turn, ordered only as CUDA orders one executable's launches (a correctness check: its hand-off
+# waits for the last launch on the other stream, which this probe cannot tell from no wait).
+side=$build/bin/side_stream_probe
+side_want=$("$side") || fail "side_stream_probe failed without vaswap"
+side_conf="selection.captured_only=false,selection.min_bytes=1MiB,inside.mode=on,inside.lead=2,log.level=info"
+for mode in "" --alternate; do
+  [[ $("$side" $mode) == "$side_want" ]] || fail "side_stream_probe $mode differs without vaswap"
+  got=$(VASWAP_CONF="$side_conf" run --trace "$tmp/side.jsonl" -- "$side" $mode 2>"$tmp/err") ||
+    fail "side_stream $mode: the probe failed under vaswap"
+  [[ "$got" == "$side_want" ]] || fail "side_stream $mode: '$got', without vaswap '$side_want'"
+  check side '
+assert len(rw) == 1 and rw[0]["windows"] > 0, rw
+assert s["inside_launches"] == 12 and s["inside_releases"] >= 12, s
+assert s["errors"] == 0 and s["inside_failures"] == 0, s
+'
+  echo "ok   side_stream $mode: a second stream reads a lent slot unordered: $got"
+done

@@ -610,7 +610,10 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {
     std::lock_guard<std::mutex> lock(exec->mutex);
     node->child = exec->graph;
   }
-  return submit(hs, std::move(node));
+  // "Each launch is ordered behind both any previous work in hStream and any previous launches of
+  // hGraphExec" (cuGraphLaunch).
+  std::lock_guard<std::mutex> order(exec->launch_mutex);
+  return submit(hs, std::move(node), &exec->last_launch);
 }
 
 // -----------------------------------------------------------------------------------------------

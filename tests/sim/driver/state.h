@@ -212,6 +212,12 @@ struct Graph {
   void run() const;
 };
 
+// Where a stream operation was enqueued: the stream and its ticket there.
+struct Enqueued {
+  std::weak_ptr<Stream> stream;
+  uint64_t ticket = 0;
+};
+
 struct GraphExec {
   static constexpr uint32_t kMagic = 0x43584547;  // "GEXC"
   uint32_t magic = kMagic;
@@ -222,6 +228,9 @@ struct GraphExec {
   // how cuGraphExec*SetParams finds the executable's copy of a node.
   std::unordered_map<const Node*, size_t> index_of;
   int device = 0;
+  // Its last launch enqueued: the next one, on any stream, runs after it (as CUDA orders them).
+  std::mutex launch_mutex;
+  Enqueued last_launch;
 };
 
 Graph* lookup_graph(CUgraph h);
@@ -310,8 +319,10 @@ CUresult check_capture_safety(bool own_only = false);
 // captures, whatever the capture's mode and thread (as on the H200: the call fails and every such
 // capture is invalidated).
 CUresult check_device_sync(int device);
-// Enqueues `node` on the stream, or records it into the stream's capture.
-CUresult submit(CUstream h, std::unique_ptr<Node> node);
+// Enqueues `node` on the stream, or records it into the stream's capture. `after` (enqueued only):
+// it first waits for that operation on its stream, and then names this one (how the launches of
+// one executable graph are ordered, whatever their streams).
+CUresult submit(CUstream h, std::unique_ptr<Node> node, Enqueued* after = nullptr);
 // cuStreamSynchronize (wait) or cuStreamQuery (!wait) without the entry checks.
 CUresult sync_or_query(CUstream h, bool wait);
 // The end of a copy to or from pageable host memory, just enqueued on `h`: as on the H200

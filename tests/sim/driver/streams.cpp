@@ -276,7 +276,7 @@ CUresult check_device_sync(int device) {
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
-CUresult submit(CUstream h, std::unique_ptr<Node> node) {
+CUresult submit(CUstream h, std::unique_ptr<Node> node, Enqueued* after) {
   std::shared_ptr<Stream> s;
   SIM_TRY(resolve_stream(h, &s));
   // Not while the device loads a module (Device::loading).
@@ -305,10 +305,19 @@ CUresult submit(CUstream h, std::unique_ptr<Node> node) {
       if (implicit) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }
   }
+  if (after != nullptr) {
+    const std::shared_ptr<Stream> previous = after->stream.lock();
+    const uint64_t ticket = after->ticket;
+    if (previous && previous != s && !previous->done(ticket)) {
+      enqueue(
+          s, [previous, ticket] { previous->wait(ticket); }, /*holds_queue=*/true);
+    }
+  }
   const bool holds = node->holds_queue();
   std::shared_ptr<Node> shared(std::move(node));
-  enqueue(
+  const uint64_t ticket = enqueue(
       s, [shared] { shared->run(); }, holds);
+  if (after != nullptr) *after = Enqueued{s, ticket};
   return CUDA_SUCCESS;
 }
 

@@ -298,3 +298,33 @@ TEST(ProcAddressTest, ResolvedFunctionIsTheOneThatRuns) {
 }
 
 }  // namespace
+
+// "Each launch is ordered behind both any previous work in hStream and any previous launches of
+// hGraphExec" (cuGraphLaunch): launches of one executable on two streams in turn, with no event
+// between them, add one each, in order.
+TEST_F(GraphTest, LaunchesOfOneExecutableAreOrderedAcrossStreams) {
+  constexpr uint32_t kN = 1u << 20;
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuMemAlloc(&buf, kN * sizeof(uint32_t)));
+  ASSERT_CU(cuMemsetD32(buf, 0, kN));
+  auto* words = reinterpret_cast<uint32_t*>(buf);
+  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  for (int k = 0; k < 4; ++k) ASSERT_CU(sim_kernels::launch_add(s_, words, words, 1, kN));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s_, &g));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  constexpr int kLaunches = 16;
+  for (int i = 0; i < kLaunches; ++i) ASSERT_CU(cuGraphLaunch(exec, i % 2 == 0 ? s_ : other));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  ASSERT_CU(cuStreamSynchronize(other));
+  size_t wrong = 0;
+  for (uint32_t i = 0; i < kN; ++i) wrong += words[i] != 4u * kLaunches;
+  EXPECT_EQ(0u, wrong) << "words[0] = " << words[0];
+  ASSERT_CU(cuStreamDestroy(other));
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(buf));
+}
