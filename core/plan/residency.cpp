@@ -2236,14 +2236,30 @@ void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<
     }
   }
   // A placeholder (one granule of pages for all of them): the address is valid and no memory is
-  // needed, however many slots there are. A map that fails is thrown to the caller, which reports
-  // it, not logged as an error here; the placeholders mapped before it go.
+  // needed, however many slots there are. Where the driver refuses one, the slot's own pages
+  // instead (without data). A map that fails both ways is thrown to the caller, which reports it,
+  // not logged as an error here; what was mapped before it goes.
+  std::vector<bool> own(map.size(), false);  // the slot's own pages, not a placeholder
   size_t mapped = 0;
   auto unmap = [&] {
-    for (size_t i = 0; i < mapped; ++i) engine().unmap_placeholder(map[i]);
+    for (size_t i = 0; i < mapped; ++i) {
+      if (own[i]) {
+        engine().unback(map[i], std::nullopt);
+      } else {
+        engine().unmap_placeholder(map[i]);
+      }
+    }
   };
   try {
-    for (; mapped < map.size(); ++mapped) engine().map_placeholder(map[mapped]);
+    for (; mapped < map.size(); ++mapped) {
+      try {
+        engine().map_placeholder(map[mapped]);
+      } catch (const Error& error) {
+        log().debug("{}; its own pages instead", error.what());
+        engine().back(map[mapped], std::nullopt, /*report=*/false);
+        own[mapped] = true;
+      }
+    }
     fn();
   } catch (...) {
     unmap();

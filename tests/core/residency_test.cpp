@@ -24,6 +24,7 @@
 #include "plan/copy_test.h"
 #include "plan/residency.h"
 #include "slots/engine.h"
+#include "transform/copy_graph.h"
 
 namespace vaswap {
 namespace {
@@ -1438,6 +1439,70 @@ TEST_F(ResidencyTest, AStuckHandshakeIsANamedErrorNotAHang) {
         std::exit(0);
       },
       ::testing::ExitedWithCode(70), "slot [0-9]+ on device 0 .*invariant 12");
+}
+
+// Adds a copy node of 1 KiB from `va` to host memory to a fresh graph: the driver checks `va`.
+CUresult add_copy_node(CUdeviceptr va) {
+  static char host[1024];
+  CUgraph graph = nullptr;
+  if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+  const CUDA_MEMCPY3D copy = copy_params(va, host, sizeof host, /*to_host=*/true);
+  CUgraphNode node = nullptr;
+  CUcontext context = nullptr;
+  cuCtxGetCurrent(&context);
+  const CUresult rc = cuGraphAddMemcpyNode(&node, graph, nullptr, 0, &copy, context);
+  cuGraphDestroy(graph);
+  return rc;
+}
+
+// For driver calls that check addresses (a copy node added, a graph instantiated), slots without
+// pages get a placeholder: one granule mapped at each of their granules, shared, gone after the
+// call; their data stays where it was. Where the driver refuses the placeholder, a slot gets its
+// own pages instead.
+TEST_F(ResidencyTest, SlotsWithoutPagesGetOneSharedPlaceholderForAnAddressCheck) {
+  configure(1 * kPage);
+  Slot* away = make_slot();
+  Slot* resident = make_slot();
+  fill(away, 5);
+  fill(resident, 6);  // evicts `away`
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  Slot* large = engine().create_slot(0, 4 * kPage, /*intercepted=*/true, /*backed=*/false);
+  residency::adopt(large, false);
+  slots_.push_back(large);  // never used: no pages, no data
+  ASSERT_FALSE(mapped(away));
+  ASSERT_TRUE(mapped(resident));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, add_copy_node(away->va));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, add_copy_node(large->va));
+  const unsigned long long before = vaswapSimPhysicalBytes(0);
+
+  unsigned long long during = 0;
+  CUresult checked = CUDA_ERROR_UNKNOWN;
+  residency::with_pages({away, resident, large}, [&] {
+    during = vaswapSimPhysicalBytes(0);
+    checked = add_copy_node(away->va);
+    if (checked == CUDA_SUCCESS) checked = add_copy_node(large->va + 3 * kPage);
+    if (checked == CUDA_SUCCESS) checked = add_copy_node(resident->va);
+  });
+  EXPECT_CU_ERR(CUDA_SUCCESS, checked);
+  EXPECT_EQ(before + kPage, during) << "one granule for both slots without pages (5 granules)";
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, add_copy_node(away->va));
+
+  // The placeholder's first map refused: `away` gets its own pages, `large` the placeholder.
+  ASSERT_EQ(0, vaswapSimInjectFault("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY));
+  checked = CUDA_ERROR_UNKNOWN;
+  residency::with_pages({away, large}, [&] {
+    during = vaswapSimPhysicalBytes(0);
+    checked = add_copy_node(away->va);
+    if (checked == CUDA_SUCCESS) checked = add_copy_node(large->va);
+  });
+  vaswapSimClearFaults();
+  EXPECT_CU_ERR(CUDA_SUCCESS, checked);
+  EXPECT_EQ(before + 2 * kPage, during) << "its own page and one granule of placeholder";
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(0));
+  EXPECT_FALSE(mapped(away));
+  expect_holds(away, 5);
+  expect_holds(resident, 6);
 }
 
 }  // namespace
