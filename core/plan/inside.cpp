@@ -245,6 +245,14 @@ class Inside {
     }
   };
   [[noreturn]] void die(const std::string& message);
+  // die() for a graph whose slots another thread still moved past residency.wait_limit when
+  // `when` happened; `whose`: "graph 0x...", or "the graph that holds slot ...".
+  [[noreturn]] void still_moving(const std::string& whose, const char* when) {
+    die("inside one graph: the slots of " + whose +
+        " were still being moved by another thread past residency.wait_limit "
+        "(CUDA_ERROR_LAUNCH_TIMEOUT) when " +
+        when);
+  }
   // Ends the process when one of the executor's driver calls has lasted past
   // residency.wait_limit: a graph may be parked on the map it is making (invariant 12).
   void watch();
@@ -1278,10 +1286,7 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   if (it == graphs_.end()) return;
   Rewritten& g = *it->second;
   if (!quiet_locked(lock, g, /*drain=*/false)) {
-    die("inside one graph: the slots of graph " + hex(reinterpret_cast<uintptr_t>(exec)) +
-        " were still being moved by another thread past residency.wait_limit "
-        "(CUDA_ERROR_LAUNCH_TIMEOUT) when it was "
-        "destroyed or updated");
+    still_moving("graph " + hex(reinterpret_cast<uintptr_t>(exec)), "it was destroyed or updated");
   }
   finished_locked(lock, g, "before it was destroyed or updated");
   // Slots on the device go back as they are; slots off it go back offloaded, their data in the
@@ -1319,10 +1324,7 @@ void Inside::node_changing(CUgraphExec exec) {
   if (it == graphs_.end() || it->second->disabled) return;
   Rewritten& g = *it->second;
   if (!quiet_locked(lock, g, /*drain=*/false)) {
-    die("inside one graph: the slots of graph " + hex(reinterpret_cast<uintptr_t>(exec)) +
-        " were still being moved by another thread past residency.wait_limit "
-        "(CUDA_ERROR_LAUNCH_TIMEOUT) when a node of it "
-        "was changed");
+    still_moving("graph " + hex(reinterpret_cast<uintptr_t>(exec)), "a node of it was changed");
   }
   finished_locked(lock, g, "before a node of it was changed");
   const CUstream stream = stream_locked(g);
@@ -1359,9 +1361,7 @@ void Inside::forget(Slot* slot) {
   Rewritten& g = *it->second;
   Waiting waiting(*this, g);
   if (!quiet_locked(lock, g, /*drain=*/false)) {
-    die("inside one graph: the slots of the graph that holds " + slot->describe() +
-        " were still being moved by another thread past residency.wait_limit "
-        "(CUDA_ERROR_LAUNCH_TIMEOUT) when it was freed");
+    still_moving("the graph that holds " + slot->describe(), "it was freed");
   }
   if (g.ended) return;  // destroyed meanwhile: residency has the slot back
   if (g.lent) finished_locked(lock, g, "before a slot of it was freed");
