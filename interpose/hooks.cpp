@@ -566,7 +566,51 @@ struct ExecUpdate<R (*)(E, G, Rest...)> {
   }
 };
 
-// cudaGraphExec*NodeSetParams* / cuGraphExec*NodeSetParams*: (exec, node, ...).
+// A type whose size is known (not an opaque handle's struct).
+template <class T, class = void>
+struct Complete : std::false_type {};
+template <class T>
+struct Complete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
+
+// An argument's bytes as 8-byte words, where an address may sit: a pointer itself (a 1D copy's
+// dst or src), and the words of the struct it points to (a copy's or memset's parameters).
+template <class T>
+void add_words(std::vector<uintptr_t>* words, T arg) {
+  if constexpr (std::is_pointer_v<T>) {
+    words->push_back(reinterpret_cast<uintptr_t>(arg));
+    using Pointee = std::remove_cv_t<std::remove_pointer_t<T>>;
+    if constexpr (!std::is_void_v<Pointee> && Complete<Pointee>::value) {
+      if (arg != nullptr) {
+        for (size_t at = 0; at + sizeof(uintptr_t) <= sizeof(Pointee); at += sizeof(uintptr_t)) {
+          uintptr_t word = 0;
+          std::memcpy(&word, reinterpret_cast<const char*>(arg) + at, sizeof word);
+          words->push_back(word);
+        }
+      }
+    }
+  }
+}
+
+// The arguments of a copy's or memset's new parameters (after the executable and the node), whose
+// words hold every address it names; not a child graph's, a batch of memory operations', or the
+// generic cudaGraphExecNodeSetParams' (a kernel's there names its arguments through pointers).
+template <class... Rest>
+struct NewCopyParams : std::false_type {};
+template <class... Rest>
+struct NewCopyParams<const cudaMemcpy3DParms*, Rest...> : std::true_type {};
+template <class... Rest>
+struct NewCopyParams<void*, Rest...> : std::true_type {};  // 1D, FromSymbol: dst first
+template <class... Rest>
+struct NewCopyParams<const void*, Rest...> : std::true_type {};  // ToSymbol: the symbol, then src
+template <class... Rest>
+struct NewCopyParams<const cudaMemsetParams*, Rest...> : std::true_type {};
+template <class... Rest>
+struct NewCopyParams<const CUDA_MEMCPY3D*, Rest...> : std::true_type {};
+template <class... Rest>
+struct NewCopyParams<const CUDA_MEMSET_NODE_PARAMS*, Rest...> : std::true_type {};
+
+// cudaGraphExec*NodeSetParams* / cuGraphExec*NodeSetParams*: (exec, node, ...). The driver checks
+// a copy's or memset's new addresses at the call: the slots they name have pages meanwhile.
 template <class Fn>
 struct ExecChange;
 template <class R, class E, class N, class... Rest>
@@ -578,8 +622,17 @@ struct ExecChange<R (*)(E, N, Rest...)> {
     Scope scope;
     const N named = reinterpret_cast<N>(intercept::exec_node_changing(
         reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
-    const R rc = real(exec, named, rest...);
-    if (rc == R{}) intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
+    std::vector<uintptr_t> words;
+    (add_words(&words, rest), ...);
+    R rc{};
+    intercept::with_pages_named(call, words, [&] { rc = real(exec, named, rest...); });
+    if (rc != R{}) return rc;
+    if constexpr (NewCopyParams<Rest...>::value) {
+      // A copy's or memset's new addresses are all in its arguments.
+      intercept::exec_copy_changed(call, reinterpret_cast<CUgraphExec>(exec), words);
+    } else {
+      intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
+    }
     return rc;
   }
 };

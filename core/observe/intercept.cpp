@@ -851,6 +851,39 @@ CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
   return instead != nullptr ? instead : graph;
 }
 
+namespace {
+
+// Runs `fn` while `slots` have pages: lent ones come back (inside::present), the others get a
+// placeholder or their own pages (residency::with_pages). Where they cannot be had, says so
+// (`what`: what needed them) and runs `fn` anyway: the driver then says what it says.
+void with_pages_for(const Call& call, const std::vector<Slot*>& slots, const std::string& what,
+                    const std::function<void()>& fn) {
+  if (slots.empty()) return fn();
+  bool ran = false;
+  const auto run = [&] {
+    ran = true;
+    fn();
+  };
+  std::string why;
+  CUresult rc = CUDA_SUCCESS;
+  const std::vector<Slot*> rest = inside::present(slots, &rc, &why);
+  if (rc == CUDA_SUCCESS) {
+    try {
+      residency::with_pages(rest, run);
+    } catch (const Error& error) {
+      why = error.what();
+    }
+  }
+  if (ran) return;
+  log().warn(
+      "{}: the {} slot(s) that {} could not be given pages for the call ({}): the driver "
+      "refuses an address without them",
+      call.symbol, slots.size(), what, why);
+  fn();
+}
+
+}  // namespace
+
 void with_pages_to_instantiate(const Call& call, CUgraph graph,
                                const std::function<void()>& instantiate) {
   Tables& t = tables();
@@ -861,28 +894,18 @@ void with_pages_to_instantiate(const Call& call, CUgraph graph,
   const GraphScan scan = scan_graph(*driver, graph, t.registry);
   std::vector<Slot*> slots;
   for (const uintptr_t base : scan.copied) add_slot(t.registry, base, &slots);
-  if (slots.empty()) return instantiate();
-  bool ran = false;
-  const auto run = [&] {
-    ran = true;
-    instantiate();
-  };
-  std::string why;
-  CUresult rc = CUDA_SUCCESS;
-  const std::vector<Slot*> rest = inside::present(slots, &rc, &why);  // lent ones come back
-  if (rc == CUDA_SUCCESS) {
-    try {
-      residency::with_pages(rest, run);
-    } catch (const Error& error) {
-      why = error.what();
-    }
-  }
-  if (ran) return;
-  log().warn(
-      "{}: the {} slot(s) that copies or memsets of graph {} name could not be given pages "
-      "while it is instantiated ({}): the driver refuses such a graph",
-      call.symbol, slots.size(), hex(reinterpret_cast<uintptr_t>(graph)), why);
-  instantiate();
+  with_pages_for(call, slots,
+                 "copies or memsets of graph " + hex(reinterpret_cast<uintptr_t>(graph)) + " name",
+                 instantiate);
+}
+
+void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
+                      const std::function<void()>& fn) {
+  Tables& t = tables();
+  if (t.slots.load(std::memory_order_relaxed) == 0) return fn();
+  std::vector<Slot*> slots;
+  for (const uintptr_t word : words) add_slot(t.registry, word, &slots);
+  with_pages_for(call, slots, "the new parameters name", fn);
 }
 
 void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead) {
@@ -1338,32 +1361,50 @@ CUgraphNode exec_node_changing(CUgraphExec exec, CUgraphNode node) {
   return inside::node_in(exec, node);
 }
 
-void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
-                         void** extra) {
+namespace {
+
+// A node of `exec` was given new parameters naming `added`: they join what the executable uses.
+// What the node named before stays counted (the executable alone cannot be asked): more residency
+// than needed, never less. `why_opaque`: the parameters could not be read, and it uses every slot.
+void exec_node_joined(const Call& call, CUgraphExec exec, const std::vector<Slot*>& added,
+                      const char* why_opaque) {
   Tables& t = tables();
-  bool opaque = kernel.key == nullptr || (params == nullptr && extra == nullptr);
-  std::vector<Slot*> added;
-  if (!opaque) added = kernel_slots(call, kernel, params, extra, &opaque);
   ExecFacts facts;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     auto it = t.execs.find(exec);
     if (it == t.execs.end()) return;  // not one vaswap saw: its launches already use every slot
-    // The node's new arguments join what the executable uses. What the node named before stays
-    // counted (the executable alone cannot be asked): more residency than needed, never less.
     for (Slot* slot : added) {
       if (std::find(it->second.slots.begin(), it->second.slots.end(), slot) ==
           it->second.slots.end()) {
         it->second.slots.push_back(slot);
       }
     }
-    if (opaque) {
+    if (why_opaque != nullptr) {
       it->second.opaque = true;
-      it->second.why_opaque = "a kernel node was given arguments whose layout cannot be read";
+      it->second.why_opaque = why_opaque;
     }
     facts = it->second;
   }
   exec_facts_changed(call, exec, facts);
+}
+
+}  // namespace
+
+void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
+                         void** extra) {
+  bool opaque = kernel.key == nullptr || (params == nullptr && extra == nullptr);
+  std::vector<Slot*> added;
+  if (!opaque) added = kernel_slots(call, kernel, params, extra, &opaque);
+  exec_node_joined(
+      call, exec, added,
+      opaque ? "a kernel node was given arguments whose layout cannot be read" : nullptr);
+}
+
+void exec_copy_changed(const Call& call, CUgraphExec exec, const std::vector<uintptr_t>& words) {
+  std::vector<Slot*> added;
+  for (const uintptr_t word : words) add_slot(tables().registry, word, &added);
+  exec_node_joined(call, exec, added, nullptr);
 }
 
 Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresses, size_t count,

@@ -109,6 +109,11 @@ CUgraph graph_to_instantiate(const Call& call, CUgraph graph);
 // Pages that cannot be had are logged, and the driver then says what it says.
 void with_pages_to_instantiate(const Call& call, CUgraph graph,
                                const std::function<void()>& instantiate);
+// Runs `fn` (a real cudaGraphExec*NodeSetParams) while the slots that `words` (its arguments'
+// bytes, as 8-byte words) name have pages: the driver checks a copy's or memset's new addresses
+// at the call.
+void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
+                      const std::function<void()>& fn);
 // An executable graph was made (`exec`; nullptr when the instantiation failed) from `graph`, or
 // from `instead` (what graph_to_instantiate gave): the graph is scanned for the slots it uses
 // (graph_scan.h).
@@ -165,6 +170,10 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
 // it use every slot.
 void exec_kernel_changed(const Call& call, CUgraphExec exec, const Kernel& kernel, void** params,
                          void** extra);
+// A copy or memset node of `exec` was given new parameters (cudaGraphExecMemcpyNodeSetParams*,
+// cudaGraphExecMemsetNodeSetParams and their driver twins), whose bytes as 8-byte words are
+// `words`: the slots they name join the executable's.
+void exec_copy_changed(const Call& call, CUgraphExec exec, const std::vector<uintptr_t>& words);
 // Before a copy or memset: the addresses it reads or writes (host addresses find nothing). The
 // slots it names are made resident, and this thread waits until their pages are mapped: the
 // driver refuses a copy into a reserved, unmapped address when it is enqueued (the stream still

@@ -3,9 +3,10 @@
 // pointer and array operands). Two 4 MiB buffers; under vaswap with a residency.budget that holds
 // one of them, touching one evicts the other, so each copy below names a buffer that is away and
 // must be brought back before the driver sees it (the driver refuses a copy from or into unmapped
-// pages); and a graph whose copy and memset nodes name b is instantiated while b is away
-// (the driver checks those addresses at the instantiation). Prints "copy forms: <checksum of
-// both buffers and the host copy>"; exit 0. The same checksum is printed without vaswap.
+// pages); and a graph whose copy and memset nodes name b is instantiated, and its nodes are given
+// new parameters, while b is away (the driver checks those addresses at both). Prints "copy forms:
+// <checksum of both buffers and the host copy>"; exit 0. The same checksum is printed without
+// vaswap.
 #include <cuda.h>
 
 #include <algorithm>
@@ -120,6 +121,29 @@ int main() {
   CHECK(cuGraphInstantiate(&exec, graph, 0));
   CHECK(cuGraphLaunch(exec, stream));
   CHECK(cuStreamSynchronize(stream));
+  // Its copy and memset given new parameters while b is away again (checked at the call too): the
+  // copy now from b's array part at 3 MiB, the memset of 0x78; launched again.
+  CUgraphNode nodes[2] = {};
+  size_t count = 2;
+  CHECK(cuGraphGetNodes(graph, nodes, &count));
+  CHECK(cuMemcpyDtoH(&first, a, 1));  // under vaswap: b is evicted for a
+  for (size_t i = 0; i < count; ++i) {
+    CUgraphNodeType type{};
+    CHECK(cuGraphNodeGetType(nodes[i], &type));
+    if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
+      CUDA_MEMCPY3D copy{};
+      CHECK(cuGraphMemcpyNodeGetParams(nodes[i], &copy));
+      copy.dstDevice = b + (3u << 20);
+      CHECK(cuGraphExecMemcpyNodeSetParams(exec, nodes[i], &copy, context));
+    } else {
+      CUDA_MEMSET_NODE_PARAMS set{};
+      CHECK(cuGraphMemsetNodeGetParams(nodes[i], &set));
+      set.value = 0x78;
+      CHECK(cuGraphExecMemsetNodeSetParams(exec, nodes[i], &set, context));
+    }
+  }
+  CHECK(cuGraphLaunch(exec, stream));
+  CHECK(cuStreamSynchronize(stream));
   CHECK(cuGraphExecDestroy(exec));
   CHECK(cuGraphDestroy(graph));
 
@@ -139,7 +163,8 @@ int main() {
     }
   }
   for (size_t i = 0; i < kArray; ++i) {
-    if (got_b[(1u << 20) + i] != pattern[12345 + i] || got_b[(2u << 20) + i] != 0x77) {
+    if (got_b[(1u << 20) + i] != pattern[12345 + i] ||
+        got_b[(3u << 20) + i] != pattern[12345 + i] || got_b[(2u << 20) + i] != 0x78) {
       std::fprintf(stderr, "copy_forms_probe: b[%zu] is not what the graph copied or set\n", i);
       return 1;
     }

@@ -551,6 +551,11 @@ static CUresult replace_exec_node(CUgraphExec he, CUgraphNode hn, std::unique_pt
   node->owner = updated.get();
   node->deps = updated->nodes[it->second]->deps;
   rebind_kernel_args(node.get());
+  // The nodes that depend on the old one depend on its replacement.
+  const Node* replaced = updated->nodes[it->second].get();
+  for (const auto& other : updated->nodes) {
+    std::replace(other->deps.begin(), other->deps.end(), const_cast<Node*>(replaced), node.get());
+  }
   updated->nodes[it->second] = std::move(node);
   exec->graph = std::move(updated);
   return CUDA_SUCCESS;

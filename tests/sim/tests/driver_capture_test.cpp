@@ -255,21 +255,13 @@ TEST_F(CaptureTest, CopyAndMemsetNodesAreCheckedAtInstantiationAndAtNewParameter
   CUdeviceptr other = 0;
   ASSERT_CU(cuMemAlloc(&other, kGran));
   ASSERT_CU(cuMemsetD8(other, 0x21, kGran));
-  ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  ASSERT_CU(cuMemsetD8Async(slot.va, 0x42, kGran, s_));
-  ASSERT_CU(cuMemcpyDtoDAsync(slot.va + kGran, other, kGran, s_));
-  CUgraph g = nullptr;
-  ASSERT_CU(cuStreamEndCapture(s_, &g));
-  CUgraphExec exec = nullptr;
-  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
-  CUgraphNode nodes[2] = {};
-  size_t count = 2;
-  ASSERT_CU(cuGraphGetNodes(g, nodes, &count));
-  ASSERT_EQ(2u, count);
-  CUDA_MEMSET_NODE_PARAMS set{};
-  ASSERT_CU(cuGraphMemsetNodeGetParams(nodes[0], &set));
-  CUDA_MEMCPY3D copy{};
-  ASSERT_CU(cuGraphMemcpyNodeGetParams(nodes[1], &copy));
+  SetThenCopy captured;
+  captured.capture(s_, slot.va, 0x42, kGran, slot.va + kGran, other, kGran);
+  const CUgraph g = captured.graph;
+  const CUgraphExec exec = captured.exec;
+  const CUgraphNode* nodes = captured.nodes;
+  const CUDA_MEMSET_NODE_PARAMS& set = captured.set;
+  const CUDA_MEMCPY3D& copy = captured.copy;
 
   ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
   CUgraphExec again = nullptr;
@@ -303,8 +295,7 @@ TEST_F(CaptureTest, CopyAndMemsetNodesAreCheckedAtInstantiationAndAtNewParameter
   EXPECT_EQ(0x21, bytes[kGran + 100]);
 
   ASSERT_CU(cuGraphExecDestroy(again));
-  ASSERT_CU(cuGraphExecDestroy(exec));
-  ASSERT_CU(cuGraphDestroy(g));
+  captured.destroy();
   ASSERT_CU(cuMemFree(other));
   ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
   ASSERT_CU(cuMemRelease(pages));

@@ -328,3 +328,28 @@ TEST_F(GraphTest, LaunchesOfOneExecutableAreOrderedAcrossStreams) {
   ASSERT_CU(cuGraphDestroy(g));
   ASSERT_CU(cuMemFree(buf));
 }
+
+// A node given new parameters in the executable keeps its place: the nodes that depend on it
+// depend on its replacement (changing both a node and then its dependent runs both, in order).
+TEST_F(GraphTest, ANodeGivenNewParametersKeepsItsDependents) {
+  constexpr size_t kBytes = 4096;
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, kBytes));
+  ASSERT_CU(cuMemAlloc(&b, kBytes));
+  SetThenCopy g;
+  g.capture(s_, a, 1, kBytes, b, a, kBytes);
+  g.set.value = 7;
+  ASSERT_CU(cuGraphExecMemsetNodeSetParams(g.exec, g.nodes[0], &g.set, nullptr));
+  g.copy.WidthInBytes = kBytes / 2;
+  ASSERT_CU(cuGraphExecMemcpyNodeSetParams(g.exec, g.nodes[1], &g.copy, nullptr));
+  ASSERT_CU(cuMemsetD8(b, 0, kBytes));
+  ASSERT_CU(cuGraphLaunch(g.exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  const auto* got = reinterpret_cast<const uint8_t*>(b);
+  EXPECT_EQ(7, got[0]);
+  EXPECT_EQ(7, got[kBytes / 2 - 1]);
+  EXPECT_EQ(0, got[kBytes / 2]) << "the copy's new width";
+  g.destroy();
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}

@@ -124,6 +124,33 @@ inline CUresult launch_add(CUstream s, uint32_t* dst, const uint32_t* src, uint3
 
 }  // namespace sim_kernels
 
+// A captured graph of a memset (0 in the graph) followed by a copy that depends on it, its
+// executable, and both nodes' parameters as the graph holds them.
+struct SetThenCopy {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  CUgraphNode nodes[2] = {};  // the memset, the copy
+  CUDA_MEMSET_NODE_PARAMS set{};
+  CUDA_MEMCPY3D copy{};
+  void capture(CUstream s, CUdeviceptr set_dst, uint8_t value, size_t set_bytes, CUdeviceptr dst,
+               CUdeviceptr src, size_t copy_bytes) {
+    ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ASSERT_CU(cuMemsetD8Async(set_dst, value, set_bytes, s));
+    ASSERT_CU(cuMemcpyDtoDAsync(dst, src, copy_bytes, s));
+    ASSERT_CU(cuStreamEndCapture(s, &graph));
+    ASSERT_CU(cuGraphInstantiate(&exec, graph, 0));
+    size_t count = 2;
+    ASSERT_CU(cuGraphGetNodes(graph, nodes, &count));
+    ASSERT_EQ(2u, count);
+    ASSERT_CU(cuGraphMemsetNodeGetParams(nodes[0], &set));
+    ASSERT_CU(cuGraphMemcpyNodeGetParams(nodes[1], &copy));
+  }
+  void destroy() {
+    ASSERT_CU(cuGraphExecDestroy(exec));
+    ASSERT_CU(cuGraphDestroy(graph));
+  }
+};
+
 // A fixed-VA slot built by hand from the VMM calls: reserve once, map and unmap handles under it.
 struct ManualSlot {
   CUdeviceptr va = 0;
