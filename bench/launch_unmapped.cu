@@ -9,6 +9,9 @@
 //      address is not mapped: checked at the call?
 //   5. the graph instantiated over a placeholder (one granule of pages mapped at each of the
 //      address's granules), then launched on pages of its own: correct?
+//   6. a graph built node by node: adding a memcpy or memset node that names the address, and
+//      giving a graph's (not an executable's) copy or memset node new parameters that name it,
+//      while it is unmapped: checked at the call?
 // Each case: the stream first waits on a flag in pinned host memory; the host maps the pages,
 // then writes the flag; the result must be what the work wrote.
 #include <cuda.h>
@@ -101,6 +104,18 @@ int main() {
     size_t bad = 0;
     for (unsigned char b : host) bad += b != want;
     std::printf("%-44s sync %s, %zu bytes wrong\n", what, name(e), bad);
+  };
+
+  // After a launch that copies src's 7s into the target's first half and sets its second half to
+  // 3: how many bytes are right.
+  auto copied_and_set = [&](const char* what, cudaError_t launched) {
+    cudaStreamSynchronize(s);
+    cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
+    size_t copied = 0, set = 0;
+    for (size_t i = 0; i < kBytes; ++i)
+      (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
+    std::printf("%s: %s, %zu of %zu copied and %zu of %zu set bytes right\n", what, name(launched),
+                copied, kBytes / 2, set, kBytes / 2);
   };
 
   // 1. eager copy and memset into the unmapped address
@@ -205,18 +220,76 @@ int main() {
     CK(cuMemRelease(one));
     if (x3 != nullptr) {
       if (dst.map()) return 1;
-      e = cudaGraphLaunch(x3, s);
-      cudaStreamSynchronize(s);
-      cudaMemcpy(host.data(), reinterpret_cast<void*>(dst.va), kBytes, cudaMemcpyDeviceToHost);
-      copied = set = 0;
-      for (size_t i = 0; i < kBytes; ++i)
-        (i < kBytes / 2 ? copied : set) += host[i] == (i < kBytes / 2 ? 7 : 3);
-      std::printf(
-          "its launch on the target's own pages: %s, %zu of %zu copied and %zu of %zu set "
-          "bytes right\n",
-          name(e), copied, kBytes / 2, set, kBytes / 2);
+      copied_and_set("its launch on the target's own pages", cudaGraphLaunch(x3, s));
       if (dst.unmap()) return 1;
     }
+  }
+
+  // 6. a graph built node by node while the address is unmapped
+  {
+    cudaGraph_t b = nullptr;
+    cudaGraphCreate(&b, 0);
+    void* to = reinterpret_cast<void*>(dst.va);
+    void* from = reinterpret_cast<void*>(src.va);
+    cudaMemsetParams set_params{};
+    set_params.dst = to;
+    set_params.value = 3;
+    set_params.elementSize = 1;
+    set_params.width = kBytes;
+    set_params.height = 1;
+    cudaGraphNode_t n = nullptr;
+    e = cudaGraphAddMemcpyNode1D(&n, b, nullptr, 0, to, from, kBytes, cudaMemcpyDeviceToDevice);
+    std::printf("cudaGraphAddMemcpyNode1D, target unmapped: %s\n", name(e));
+    cudaGetLastError();
+    n = nullptr;
+    e = cudaGraphAddMemsetNode(&n, b, nullptr, 0, &set_params);
+    std::printf("cudaGraphAddMemsetNode, target unmapped: %s\n", name(e));
+    cudaGetLastError();
+    CUDA_MEMSET_NODE_PARAMS dset{};
+    dset.dst = dst.va;
+    dset.value = 3;
+    dset.elementSize = 1;
+    dset.width = kBytes;
+    dset.height = 1;
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    CUgraphNode dn = nullptr;
+    CUresult r = cuGraphAddMemsetNode(&dn, reinterpret_cast<CUgraph>(b), nullptr, 0, &dset, ctx);
+    const char* rn = nullptr;
+    cuGetErrorName(r, &rn);
+    std::printf("cuGraphAddMemsetNode, target unmapped: %s\n", rn);
+    // nodes added while mapped, then given the same parameters while unmapped
+    cudaGraph_t c = nullptr;
+    cudaGraphCreate(&c, 0);
+    if (dst.map()) return 1;
+    cudaGraphNode_t copy_node = nullptr, set_node = nullptr;
+    e = cudaGraphAddMemsetNode(&set_node, c, nullptr, 0, &set_params);
+    cudaError_t e2 = cudaGraphAddMemcpyNode1D(&copy_node, c, &set_node, 1, to, from, kBytes / 2,
+                                              cudaMemcpyDeviceToDevice);
+    std::printf("the same nodes added while mapped: %s, %s\n", name(e), name(e2));
+    if (dst.unmap()) return 1;
+    e = cudaGraphMemcpyNodeSetParams1D(copy_node, to, from, kBytes / 2, cudaMemcpyDeviceToDevice);
+    std::printf("cudaGraphMemcpyNodeSetParams1D, target unmapped: %s\n", name(e));
+    cudaGetLastError();
+    e = cudaGraphMemsetNodeSetParams(set_node, &set_params);
+    std::printf("cudaGraphMemsetNodeSetParams, target unmapped: %s\n", name(e));
+    cudaGetLastError();
+    cudaGraphNodeParams generic{};
+    generic.type = cudaGraphNodeTypeMemset;
+    generic.memset.dst = set_params.dst;
+    generic.memset.value = set_params.value;
+    generic.memset.elementSize = set_params.elementSize;
+    generic.memset.width = set_params.width;
+    generic.memset.height = set_params.height;
+    e = cudaGraphNodeSetParams(set_node, &generic);
+    std::printf("cudaGraphNodeSetParams (a memset), target unmapped: %s\n", name(e));
+    cudaGetLastError();
+    if (dst.map()) return 1;
+    cudaGraphExec_t cx = nullptr;
+    e = cudaGraphInstantiate(&cx, c, 0);
+    if (e == cudaSuccess) e = cudaGraphLaunch(cx, s);
+    copied_and_set("that graph instantiated and launched, mapped", e);
+    if (dst.unmap()) return 1;
   }
 
   // 3. kernel node

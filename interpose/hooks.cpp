@@ -31,6 +31,7 @@
 #undef cuGetProcAddress
 #undef cuGraphExecUpdate
 #undef cuGraphExecKernelNodeSetParams
+#undef cuGraphAddNode
 
 #define VASWAP_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -633,6 +634,47 @@ struct ExecChange<R (*)(E, N, Rest...)> {
     } else {
       intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
     }
+    return rc;
+  }
+};
+
+// A graph built node by node: cudaGraphAdd{Memcpy,Memset}Node*, cudaGraphAddNode and their
+// driver twins, (node out, graph, dependencies, [edge data,] count, parameters...). The slots the
+// parameters name have pages for the call, as for an executable's new parameters (ExecChange):
+// the driver checks a copy's or memset's addresses as it makes the node. What the graph uses is
+// learnt when it is instantiated (its scan), so nothing else is recorded here.
+template <class Fn>
+struct NodeAdd;
+template <class R, class O, class G, class D, class... Rest>
+struct NodeAdd<R (*)(O*, G, const D*, Rest...)> {
+  R (*real)(O*, G, const D*, Rest...);
+  Call call;
+  R operator()(O* out, G graph, const D* deps, Rest... rest) const {
+    if (!handle()) return real(out, graph, deps, rest...);
+    Scope scope;
+    std::vector<uintptr_t> words;
+    (add_words(&words, rest), ...);  // a count or edge data names no slot: harmless words
+    R rc{};
+    intercept::with_pages_named(call, words, [&] { rc = real(out, graph, deps, rest...); });
+    return rc;
+  }
+};
+
+// A graph's node given new parameters: cudaGraph{Memcpy,Memset}NodeSetParams*,
+// cudaGraphNodeSetParams and their driver twins, (node, parameters...). As NodeAdd.
+template <class Fn>
+struct NodeChange;
+template <class R, class N, class... Rest>
+struct NodeChange<R (*)(N, Rest...)> {
+  R (*real)(N, Rest...);
+  Call call;
+  R operator()(N node, Rest... rest) const {
+    if (!handle()) return real(node, rest...);
+    Scope scope;
+    std::vector<uintptr_t> words;
+    (add_words(&words, rest), ...);
+    R rc{};
+    intercept::with_pages_named(call, words, [&] { rc = real(node, rest...); });
     return rc;
   }
 };

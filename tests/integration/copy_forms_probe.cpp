@@ -4,7 +4,9 @@
 // one of them, touching one evicts the other, so each copy below names a buffer that is away and
 // must be brought back before the driver sees it (the driver refuses a copy from or into unmapped
 // pages); and a graph whose copy and memset nodes name b is instantiated, and its nodes are given
-// new parameters, while b is away (the driver checks those addresses at both). Prints "copy forms:
+// new parameters, while b is away (the driver checks those addresses at both); and a graph built
+// node by node names b in a memset node and a copy node added, then given new parameters, while b
+// is away (the simulator checks those calls as it checks a captured copy). Prints "copy forms:
 // <checksum of both buffers and the host copy>"; exit 0. The same checksum is printed without
 // vaswap.
 #include <cuda.h>
@@ -147,6 +149,42 @@ int main() {
   CHECK(cuGraphExecDestroy(exec));
   CHECK(cuGraphDestroy(graph));
 
+  // A graph built node by node while b is away: a memset of 0x79 at 3 MiB + 64 KiB, then a copy
+  // of b's array part to 3 MiB + 128 KiB; then, b away again, the memset given 0x7a and the copy
+  // moved to 3 MiB + 192 KiB. Launched once.
+  constexpr CUdeviceptr kSetAt = (3u << 20) + kArray;
+  CUgraph built = nullptr;
+  CHECK(cuGraphCreate(&built, 0));
+  CHECK(cuMemcpyDtoH(&first, a, 1));  // under vaswap: b is evicted for a
+  CUDA_MEMSET_NODE_PARAMS set{};
+  set.dst = b + kSetAt;
+  set.value = 0x79;
+  set.elementSize = 1;
+  set.width = kArray;
+  set.height = 1;
+  CUgraphNode set_node = nullptr;
+  CHECK(cuGraphAddMemsetNode(&set_node, built, nullptr, 0, &set, context));
+  CUDA_MEMCPY3D copy{};
+  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = b + kArray;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = b + kSetAt + kArray;
+  copy.WidthInBytes = kArray;
+  copy.Height = 1;
+  copy.Depth = 1;
+  CUgraphNode copy_node = nullptr;
+  CHECK(cuGraphAddMemcpyNode(&copy_node, built, &set_node, 1, &copy, context));
+  CHECK(cuMemcpyDtoH(&first, a, 1));  // under vaswap: b is evicted for a
+  set.value = 0x7a;
+  CHECK(cuGraphMemsetNodeSetParams(set_node, &set));
+  copy.dstDevice = b + kSetAt + 2 * kArray;
+  CHECK(cuGraphMemcpyNodeSetParams(copy_node, &copy));
+  CHECK(cuGraphInstantiate(&exec, built, 0));
+  CHECK(cuGraphLaunch(exec, stream));
+  CHECK(cuStreamSynchronize(stream));
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(built));
+
   std::vector<uint8_t> got_a(kBuffer), got_b(kBuffer);
   CHECK(cuMemcpyDtoH(got_a.data(), a, kBuffer));
   CHECK(cuMemcpyDtoH(got_b.data(), b, kBuffer));
@@ -166,6 +204,12 @@ int main() {
     if (got_b[(1u << 20) + i] != pattern[12345 + i] ||
         got_b[(3u << 20) + i] != pattern[12345 + i] || got_b[(2u << 20) + i] != 0x78) {
       std::fprintf(stderr, "copy_forms_probe: b[%zu] is not what the graph copied or set\n", i);
+      return 1;
+    }
+    if (got_b[kSetAt + i] != 0x7a || got_b[kSetAt + kArray + i] != 0x5b ||
+        got_b[kSetAt + 2 * kArray + i] != pattern[12345 + i]) {
+      std::fprintf(stderr, "copy_forms_probe: b[%zu] is not what the built graph set or copied\n",
+                   i);
       return 1;
     }
   }

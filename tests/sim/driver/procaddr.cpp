@@ -301,6 +301,8 @@ const Entry kEntries[] = {
     E("cuGraphKernelNodeGetParams", 12000, cuGraphKernelNodeGetParams_v2),
     E("cuGraphMemcpyNodeGetParams", 10000, cuGraphMemcpyNodeGetParams),
     E("cuGraphMemsetNodeGetParams", 10000, cuGraphMemsetNodeGetParams),
+    E("cuGraphMemcpyNodeSetParams", 10000, cuGraphMemcpyNodeSetParams),
+    E("cuGraphMemsetNodeSetParams", 10000, cuGraphMemsetNodeSetParams),
     E("cuGraphHostNodeGetParams", 10000, cuGraphHostNodeGetParams),
     E("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
     E("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),  // the 5-argument ABI, as NVIDIA's
