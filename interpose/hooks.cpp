@@ -501,13 +501,16 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
     if (!handle()) return real(exec, graph, rest);
     // Instantiating loads the graph's kernels: not while a stream is parked (device handshake).
     return quietly<R>(call, "an instantiation", intercept::settles(), [&] {
+      // The graph is scanned once, by the first of these calls that needs it.
+      intercept::Scanned scanned(graph);
       // With pages for the slots its copies and memsets name: the driver checks them here.
       auto instantiate = [&](CUgraph which) {
         R rc{};
-        intercept::with_pages_to_instantiate(call, which, [&] { rc = real(exec, which, rest); });
+        intercept::with_pages_to_instantiate(call, which, &scanned,
+                                             [&] { rc = real(exec, which, rest); });
         return rc;
       };
-      CUgraph instead = intercept::graph_to_instantiate(call, graph);
+      CUgraph instead = intercept::graph_to_instantiate(call, graph, &scanned);
       R rc = instantiate(instead);
       if (rc != R{} && instead != graph) {
         // The driver refused the rewritten copy: the graph is instantiated as captured (the
@@ -517,13 +520,13 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
             "{}: the driver refused the rewritten copy of graph {} ({}): it is "
             "instantiated as captured",
             call.symbol, hex(reinterpret_cast<uintptr_t>(graph)), static_cast<int>(rc));
-        intercept::instantiated(call, nullptr, graph, instead);  // the copy goes
+        intercept::instantiated(call, nullptr, graph, instead, &scanned);  // the copy goes
         instead = graph;
         rc = instantiate(graph);
       }
       const bool made = rc == R{} && exec != nullptr;
       if (made || instead != graph) {
-        intercept::instantiated(call, made ? *exec : nullptr, graph, instead);
+        intercept::instantiated(call, made ? *exec : nullptr, graph, instead, &scanned);
       }
       return rc;
     });

@@ -735,7 +735,19 @@ namespace {
 // Scans `graph` (graph_scan.h) into the facts of an executable made from it, and says so in the
 // trace. Every instantiation and update is scanned: a graph may have been built or edited
 // through the graph API, which vaswap does not follow node by node.
-ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph) {
+// The scan of `graph`: the one `scanned` holds when it is of this graph (with nodes, where asked),
+// else a new one, kept there when `scanned` names this graph, else in `apart`.
+const GraphScan& scan_once(const Driver& driver, CUgraph graph, Scanned* scanned, bool with_nodes,
+                           GraphScan* apart) {
+  const bool ours = scanned != nullptr && scanned->graph == graph;
+  if (ours && scanned->scan && (scanned->with_nodes || !with_nodes)) return *scanned->scan;
+  GraphScan scan = scan_graph(driver, graph, tables().registry, with_nodes);
+  if (!ours) return *apart = std::move(scan);
+  scanned->with_nodes = with_nodes;
+  return scanned->scan.emplace(std::move(scan));
+}
+
+ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph, Scanned* scanned) {
   Tables& t = tables();
   ExecFacts facts;
   facts.graph = graph;
@@ -753,7 +765,8 @@ ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph) {
     facts.why_opaque = "the graph could not be scanned";
     return facts;
   }
-  const GraphScan scan = scan_graph(*driver, graph, t.registry);
+  GraphScan apart;
+  const GraphScan& scan = scan_once(*driver, graph, scanned, /*with_nodes=*/false, &apart);
   for (const Region& region : scan.regions) {
     if (region.kind == RegionKind::slot) facts.slots.push_back(static_cast<Slot*>(region.slot));
   }
@@ -805,7 +818,7 @@ void add_slot(const RegionRegistry& registry, uintptr_t address, std::vector<Slo
 
 }  // namespace
 
-CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
+CUgraph graph_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned) {
   Tables& t = tables();
   if (graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0 || !inside::enabled()) {
     return graph;
@@ -816,7 +829,8 @@ CUgraph graph_to_instantiate(const Call& call, CUgraph graph) {
   }
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return graph;
-  const GraphScan scan = scan_graph(*driver, graph, t.registry, /*with_nodes=*/true);
+  GraphScan apart;
+  const GraphScan& scan = scan_once(*driver, graph, scanned, /*with_nodes=*/true, &apart);
   if (scan.opaque_kernels > 0 || scan.unscanned_nodes > 0) return graph;  // invariant 10
   std::vector<Slot*> slots;
   for (const Region& region : scan.regions) {
@@ -884,14 +898,15 @@ void with_pages_for(const Call& call, const std::vector<Slot*>& slots, const std
 
 }  // namespace
 
-void with_pages_to_instantiate(const Call& call, CUgraph graph,
+void with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
                                const std::function<void()>& instantiate) {
   Tables& t = tables();
   const Driver* driver = graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0
                              ? nullptr
                              : load_driver(nullptr);
   if (driver == nullptr) return instantiate();
-  const GraphScan scan = scan_graph(*driver, graph, t.registry);
+  GraphScan apart;
+  const GraphScan& scan = scan_once(*driver, graph, scanned, /*with_nodes=*/false, &apart);
   std::vector<Slot*> slots;
   for (const uintptr_t base : scan.copied) add_slot(t.registry, base, &slots);
   with_pages_for(call, slots,
@@ -908,11 +923,12 @@ void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
   with_pages_for(call, slots, "the new parameters name", fn);
 }
 
-void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead) {
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead,
+                  Scanned* scanned) {
   if (instead != graph) inside::instantiated(instead, exec);
   if (exec == nullptr) return;
   Tables& t = tables();
-  ExecFacts facts = scan_into_facts(exec, graph);
+  ExecFacts facts = scan_into_facts(exec, graph, scanned);
   const uint64_t capture = facts.capture;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -956,7 +972,7 @@ void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> gra
   ExecFacts facts;
   if (graph) {
     // cudaGraphExecUpdate: the executable now runs this graph's nodes.
-    facts = scan_into_facts(exec, *graph);
+    facts = scan_into_facts(exec, *graph, nullptr);
   } else {
     // A node's parameters changed in the executable alone: what it references now is unknown.
     std::lock_guard<std::mutex> lock(t.mutex);

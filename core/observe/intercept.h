@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "observe/graph_scan.h"
 #include "observe/registry.h"
 #include "plan/planner.h"
 #include "policy.h"
@@ -100,14 +101,23 @@ void capture_refused();
 void capture_began(const Call& call, CUstream stream, CUstreamCaptureMode mode, CUgraph target);
 void capture_ended(const Call& call, CUstream stream, CUgraph graph, CUresult result);
 void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstreamCaptureMode now);
+// One instantiation's scan of the program's graph, made by the first of the calls below that
+// needs it and reused by the others, so that a graph is scanned once per instantiation (a
+// rewritten copy is scanned apart). The hook makes one per instantiation, naming the graph.
+struct Scanned {
+  explicit Scanned(CUgraph of) : graph(of) {}
+  CUgraph graph;
+  bool with_nodes = false;  // the scan has each top-level node's references (GraphScan::order)
+  std::optional<GraphScan> scan;
+};
 // Before the real instantiation of `graph`: the graph to instantiate instead (a rewritten copy
 // with windows inside it, core/plan/inside.h), or `graph` itself.
-CUgraph graph_to_instantiate(const Call& call, CUgraph graph);
+CUgraph graph_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned);
 // Runs `instantiate` (the real instantiation of `graph`) while the slots its copy and memset
 // nodes name have pages: the driver refuses a graph whose copy names an address without them
 // (bench/results/launch_unmapped_h100.txt), and residency may have evicted one since the capture.
 // Pages that cannot be had are logged, and the driver then says what it says.
-void with_pages_to_instantiate(const Call& call, CUgraph graph,
+void with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
                                const std::function<void()>& instantiate);
 // Runs `fn` (a real cudaGraphExec*NodeSetParams) while the slots that `words` (its arguments'
 // bytes, as 8-byte words) name have pages: the driver checks a copy's or memset's new addresses
@@ -117,7 +127,8 @@ void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
 // An executable graph was made (`exec`; nullptr when the instantiation failed) from `graph`, or
 // from `instead` (what graph_to_instantiate gave): the graph is scanned for the slots it uses
 // (graph_scan.h).
-void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead);
+void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead,
+                  Scanned* scanned);
 // An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
