@@ -641,7 +641,7 @@ struct ExecChange<R (*)(E, N, Rest...)> {
   }
 };
 
-// A graph built node by node: cudaGraphAdd{Memcpy,Memset}Node*, cudaGraphAddNode and their
+// A graph built node by node: cudaGraphAdd{Memcpy,Memset}Node*, cuGraphAddNode[_v2] and their
 // driver twins, (node out, graph, dependencies, [edge data,] count, parameters...). The slots the
 // parameters name have pages for the call, as for an executable's new parameters (ExecChange):
 // the driver checks a copy's or memset's addresses as it makes the node. What the graph uses is
