@@ -13,6 +13,11 @@
 // --copy3dpeer: the result is first copied into the round's second buffer with
 // cudaMemcpy3DPeerAsync (rows of 4 KiB, this device to itself), and read back from there.
 //
+// --nodes: the result is read back from b after a graph built node by node (the runtime's
+// cudaGraphAddMemsetNode clears b, then cudaGraphAddMemcpyNode1D copies a into b, and
+// cudaGraphMemcpyNodeSetParams1D makes it copy c instead) is instantiated and launched: adding
+// the nodes and changing them name buffers another thread's round may have sent away.
+//
 // --jit: each round, each thread loads a new module through the driver, as a JIT compiler (Triton,
 // NVRTC) does: dlopen("libcuda.so.1") and cuModuleLoadData at the round's start, then, in the
 // middle of its launches, cuModuleGetFunction (under lazy loading the kernel is loaded then, as a
@@ -76,6 +81,7 @@ bool g_default_kind = false;
 bool g_copy3d_peer = false;
 bool g_jit = false;
 bool g_attributes = false;
+bool g_nodes = false;
 std::mutex g_print;
 
 bool ok(cudaError_t rc, const char* call, int thread, int round) {
@@ -316,6 +322,28 @@ void work(int thread, int rounds, uint64_t* checksum) {
       p.extent = cudaExtent{kRow, kRows, 1};
       CHECK(cudaMemcpy3DPeerAsync(&p, s));
       CHECK(cudaMemcpyAsync(host.data(), b, kElems * sizeof(uint32_t), cudaMemcpyDeviceToHost, s));
+    } else if (g_nodes) {
+      constexpr size_t kBytes = kElems * sizeof(uint32_t);
+      cudaGraph_t built = nullptr;
+      CHECK(cudaGraphCreate(&built, 0));
+      cudaMemsetParams clear{};
+      clear.dst = b;  // b is read no more this round
+      clear.elementSize = sizeof(uint32_t);
+      clear.width = kElems;
+      clear.height = 1;
+      cudaGraphNode_t clear_node = nullptr, copy_node = nullptr;
+      CHECK(cudaGraphAddMemsetNode(&clear_node, built, nullptr, 0, &clear));
+      CHECK(cudaGraphAddMemcpyNode1D(&copy_node, built, &clear_node, 1, b, a, kBytes,
+                                     cudaMemcpyDeviceToDevice));
+      std::this_thread::yield();
+      CHECK(cudaGraphMemcpyNodeSetParams1D(copy_node, b, c, kBytes, cudaMemcpyDeviceToDevice));
+      cudaGraphExec_t built_exec = nullptr;
+      CHECK(cudaGraphInstantiate(&built_exec, built, 0));
+      CHECK(cudaGraphLaunch(built_exec, s));
+      CHECK(cudaMemcpyAsync(host.data(), b, kBytes, cudaMemcpyDeviceToHost, s));
+      CHECK(cudaStreamSynchronize(s));
+      CHECK(cudaGraphExecDestroy(built_exec));
+      CHECK(cudaGraphDestroy(built));
     } else if (g_copy2d) {
       CHECK(cudaMemcpy2DAsync(host.data(), kRow, c, kRow, kRow, kRows, cudaMemcpyDeviceToHost, s));
       CHECK(cudaMemset2DAsync(b, kRow, 0, kRow, kRows, s));  // b is read no more this round
@@ -431,7 +459,7 @@ int main(int argc, char** argv) {
   int threads = 4, rounds = 8;
   const char* usage =
       "usage: stress_probe [--threads N] [--rounds N] [--legacy] [--copy2d] [--copy3dpeer] [--jit] "
-      "[--attributes] [--default-kind] [--free-while-capturing]\n";
+      "[--attributes] [--default-kind] [--nodes] [--free-while-capturing]\n";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--free-while-capturing") == 0) return free_while_capturing();
   }
@@ -441,6 +469,7 @@ int main(int argc, char** argv) {
                  : std::strcmp(argv[i], "--copy3dpeer") == 0   ? &g_copy3d_peer
                  : std::strcmp(argv[i], "--jit") == 0          ? &g_jit
                  : std::strcmp(argv[i], "--attributes") == 0   ? &g_attributes
+                 : std::strcmp(argv[i], "--nodes") == 0        ? &g_nodes
                  : std::strcmp(argv[i], "--default-kind") == 0 ? &g_default_kind
                                                                : nullptr;
     if (flag != nullptr) {

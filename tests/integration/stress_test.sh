@@ -22,6 +22,8 @@
 #      device handshake: such a copy settles (it waits on the host), whatever its kind says;
 #   6. results read back with cudaMemcpy2DAsync after a cudaMemset2DAsync: slots those name that
 #      are away are restored first (the driver refuses a copy or memset into unmapped pages).
+#   6b. results read back from a graph built node by node (--nodes): the slots its memset and copy
+#      nodes name get pages for the calls that add and change those nodes.
 #   7. results copied with cudaMemcpy3DPeerAsync before they are read back: the slots it names
 #      that are away are restored first too (before its hook, the copy read unmapped pages).
 #   8. a slot freed on one thread while another has a capture open (thread-local mode): its
@@ -143,6 +145,12 @@ waited = [e for e in ev if e["ev"] == "restore_wait" and e["call"] in ("cudaMemc
 assert waited, "no 2D copy or memset found a slot away"
 print(f"     {len(waited)} 2D copies and memsets waited for their slots")
 PY
+# Results read back after a graph built node by node with the runtime's calls (a memset node and
+# a 1D copy node added, the copy given new parameters) over buffers that may be away: those
+# calls name them, and the slots get pages for each call (the driver checks them as it checks a
+# captured copy).
+under nodes 12MiB 24 --nodes
+evictions nodes 24
 under copy3dpeer 12MiB 8 --copy3dpeer
 evictions copy3dpeer 8
 python3 - "$tmp/copy3dpeer.jsonl" <<'PY' || fail "copy3dpeer"

@@ -79,7 +79,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuGraphAddKernelNode) X(cuGraphExecUpdate) X(cuGraphExecKernelNodeSetParams)               \
   X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
   X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync) X(cuDeviceCanAccessPeer)          \
-  X(cuCtxEnablePeerAccess) X(cuMemcpy3DPeer) X(cuMemcpy3DPeerAsync)
+  X(cuCtxEnablePeerAccess) X(cuMemcpy3DPeer) X(cuMemcpy3DPeerAsync) X(cuGraphAddMemcpyNode)    \
+  X(cuGraphAddMemsetNode) X(cuGraphMemcpyNodeSetParams) X(cuGraphMemsetNodeSetParams)
 // clang-format on
 
 struct Driver {
@@ -875,6 +876,69 @@ SIM_API cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t* node, cudaGraph_t g,
   if (cudaError_t e = kernel_node_params(p, &k)) return note(e);
   return note(drv().cuGraphAddKernelNode(reinterpret_cast<CUgraphNode*>(node), cu(g),
                                          reinterpret_cast<const CUgraphNode*>(deps), n, &k));
+}
+// Graphs built node by node: 1D copies of an explicit kind (not cudaMemcpyDefault), and memsets.
+static cudaError_t copy_node_params(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                    CUDA_MEMCPY3D* c) {
+  *c = CUDA_MEMCPY3D{};
+  const bool from_device = kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyDeviceToHost;
+  const bool to_device = kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyHostToDevice;
+  if (kind != cudaMemcpyHostToHost && !from_device && !to_device) return cudaErrorNotSupported;
+  c->srcMemoryType = from_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  c->srcDevice = from_device ? reinterpret_cast<CUdeviceptr>(src) : 0;
+  c->srcHost = from_device ? nullptr : src;
+  c->dstMemoryType = to_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  c->dstDevice = to_device ? reinterpret_cast<CUdeviceptr>(dst) : 0;
+  c->dstHost = to_device ? nullptr : dst;
+  c->WidthInBytes = bytes;
+  c->Height = 1;
+  c->Depth = 1;
+  return cudaSuccess;
+}
+static CUDA_MEMSET_NODE_PARAMS memset_node_params(const cudaMemsetParams& p) {
+  CUDA_MEMSET_NODE_PARAMS m{};
+  m.dst = reinterpret_cast<CUdeviceptr>(p.dst);
+  m.pitch = p.pitch;
+  m.value = p.value;
+  m.elementSize = p.elementSize;
+  m.width = p.width;
+  m.height = p.height;
+  return m;
+}
+SIM_API cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t* node, cudaGraph_t g,
+                                             const cudaGraphNode_t* deps, size_t n, void* dst,
+                                             const void* src, size_t bytes, cudaMemcpyKind kind) {
+  RT_ENTER();
+  CUDA_MEMCPY3D c;
+  if (cudaError_t e = copy_node_params(dst, src, bytes, kind, &c)) return note(e);
+  CUcontext ctx = nullptr;
+  drv().cuCtxGetCurrent(&ctx);
+  return note(drv().cuGraphAddMemcpyNode(reinterpret_cast<CUgraphNode*>(node), cu(g),
+                                         reinterpret_cast<const CUgraphNode*>(deps), n, &c, ctx));
+}
+SIM_API cudaError_t cudaGraphMemcpyNodeSetParams1D(cudaGraphNode_t node, void* dst, const void* src,
+                                                   size_t bytes, cudaMemcpyKind kind) {
+  RT_ENTER();
+  CUDA_MEMCPY3D c;
+  if (cudaError_t e = copy_node_params(dst, src, bytes, kind, &c)) return note(e);
+  return note(drv().cuGraphMemcpyNodeSetParams(cu(node), &c));
+}
+SIM_API cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t* node, cudaGraph_t g,
+                                           const cudaGraphNode_t* deps, size_t n,
+                                           const cudaMemsetParams* p) {
+  RT_ENTER();
+  if (p == nullptr) return note(cudaErrorInvalidValue);
+  const CUDA_MEMSET_NODE_PARAMS m = memset_node_params(*p);
+  CUcontext ctx = nullptr;
+  drv().cuCtxGetCurrent(&ctx);
+  return note(drv().cuGraphAddMemsetNode(reinterpret_cast<CUgraphNode*>(node), cu(g),
+                                         reinterpret_cast<const CUgraphNode*>(deps), n, &m, ctx));
+}
+SIM_API cudaError_t cudaGraphMemsetNodeSetParams(cudaGraphNode_t node, const cudaMemsetParams* p) {
+  RT_ENTER();
+  if (p == nullptr) return note(cudaErrorInvalidValue);
+  const CUDA_MEMSET_NODE_PARAMS m = memset_node_params(*p);
+  return note(drv().cuGraphMemsetNodeSetParams(cu(node), &m));
 }
 SIM_API cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t e, cudaGraphNode_t node,
                                                      const cudaKernelNodeParams* p) {

@@ -248,6 +248,75 @@ TEST_F(CaptureTest, LegacyStreamCannotBeCaptured) {
 // As on a GPU (bench/results/launch_unmapped_h100.txt): a graph's copy and memset nodes are
 // checked against their addresses when the graph is instantiated and when an executable's node is
 // given new parameters, not when the executable is updated or launched.
+// A graph built node by node: a copy or memset node added, or a graph's node given new
+// parameters, is checked as a captured one is (the driver refuses a captured copy into unmapped
+// pages: DESIGN.md section 7). A refused call changes nothing; an accepted change runs.
+TEST_F(CaptureTest, CopyAndMemsetNodesAddedOrChangedAreCheckedAsCapturedOnesAre) {
+  ManualSlot slot;
+  slot.reserve(kGran);
+  CUmemGenericAllocationHandle pages = slot.map_new();
+  CUdeviceptr other = 0;
+  ASSERT_CU(cuMemAlloc(&other, kGran));
+  ASSERT_CU(cuMemsetD8(other, 0x21, kGran));
+  CUgraph g = nullptr;
+  ASSERT_CU(cuGraphCreate(&g, 0));
+  CUDA_MEMSET_NODE_PARAMS set{};
+  set.dst = slot.va;
+  set.value = 0x42;
+  set.elementSize = 1;
+  set.width = kGran;
+  set.height = 1;
+  CUDA_MEMCPY3D copy{};
+  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = other;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = slot.va;
+  copy.WidthInBytes = kGran / 2;
+  copy.Height = 1;
+  copy.Depth = 1;
+  CUgraphNode set_node = nullptr, copy_node = nullptr;
+  ASSERT_CU(cuGraphAddMemsetNode(&set_node, g, nullptr, 0, &set, nullptr));
+  ASSERT_CU(cuGraphAddMemcpyNode(&copy_node, g, &set_node, 1, &copy, nullptr));
+
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  CUgraphNode refused = nullptr;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuGraphAddMemsetNode(&refused, g, nullptr, 0, &set, nullptr));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE,
+                cuGraphAddMemcpyNode(&refused, g, nullptr, 0, &copy, nullptr));
+  set.value = 0x43;
+  copy.WidthInBytes = kGran / 4;
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphMemsetNodeSetParams(set_node, &set));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphMemcpyNodeSetParams(copy_node, &copy));
+  size_t count = 0;
+  ASSERT_CU(cuGraphGetNodes(g, nullptr, &count));
+  EXPECT_EQ(2u, count);
+  CUDA_MEMSET_NODE_PARAMS kept{};
+  ASSERT_CU(cuGraphMemsetNodeGetParams(set_node, &kept));
+  EXPECT_EQ(0x42u, kept.value);
+
+  ASSERT_CU(cuMemRelease(pages));
+  pages = slot.map_new();
+  ASSERT_CU(cuGraphMemsetNodeSetParams(set_node, &set));
+  ASSERT_CU(cuGraphMemcpyNodeSetParams(copy_node, &copy));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphMemsetNodeSetParams(copy_node, &set));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&exec, g, 0));
+  ASSERT_CU(cuGraphLaunch(exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(slot.va);
+  EXPECT_EQ(0x21, bytes[kGran / 4 - 1]);  // copied: the new width
+  EXPECT_EQ(0x43, bytes[kGran / 4]);      // set: the new value
+  EXPECT_EQ(0x43, bytes[kGran - 1]);
+
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(cuGraphDestroy(g));
+  ASSERT_CU(cuMemFree(other));
+  ASSERT_CU(cuMemUnmap(slot.va, slot.bytes));
+  ASSERT_CU(cuMemRelease(pages));
+  ASSERT_CU(cuMemAddressFree(slot.va, slot.bytes));
+}
+
 TEST_F(CaptureTest, CopyAndMemsetNodesAreCheckedAtInstantiationAndAtNewParameters) {
   ManualSlot slot;
   slot.reserve(2 * kGran);
