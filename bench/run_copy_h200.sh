@@ -4,7 +4,8 @@
 # statically (stress_probe_cuda: the copies reach vaswap's driver hooks) and dynamically
 # (stress_probe_shared_cuda: its runtime hooks), reading each round's result back through
 # cudaMemcpy2DAsync (--copy2d) or through cudaMemcpy3DPeerAsync into another buffer
-# (--copy3dpeer). Under vaswap every buffer is a slot and the budget holds fewer than the four
+# (--copy3dpeer), or through a graph built node by node with the runtime's calls (--nodes; their
+# hooks give the slots named pages for each call). Under vaswap every buffer is a slot and the budget holds fewer than the four
 # threads use, so slots are away when the copies name them. Each probe and mode runs once without
 # vaswap (the checksum to match), then under each library given, RUNS times. MODES="--jit" with
 # EXTRA_CONF=residency.handshake=device runs the probe loading a module through the driver each
