@@ -595,6 +595,14 @@ void add_words(std::vector<uintptr_t>* words, T arg) {
   }
 }
 
+// The words of these arguments (add_words), where the addresses they name may sit.
+template <class... Args>
+std::vector<uintptr_t> words_of(Args... args) {
+  std::vector<uintptr_t> words;
+  (add_words(&words, args), ...);
+  return words;
+}
+
 // The arguments of a copy's or memset's new parameters (after the executable and the node), whose
 // words hold every address it names; not a child graph's, a batch of memory operations', or the
 // generic cudaGraphExecNodeSetParams' (a kernel's there names its arguments through pointers).
@@ -626,8 +634,7 @@ struct ExecChange<R (*)(E, N, Rest...)> {
     Scope scope;
     const N named = reinterpret_cast<N>(intercept::exec_node_changing(
         reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
-    std::vector<uintptr_t> words;
-    (add_words(&words, rest), ...);
+    const std::vector<uintptr_t> words = words_of(rest...);
     R rc{};
     intercept::with_pages_named(call, words, [&] { rc = real(exec, named, rest...); });
     if (rc != R{}) return rc;
@@ -655,8 +662,7 @@ struct NodeAdd<R (*)(O*, G, const D*, Rest...)> {
   R operator()(O* out, G graph, const D* deps, Rest... rest) const {
     if (!handle()) return real(out, graph, deps, rest...);
     Scope scope;
-    std::vector<uintptr_t> words;
-    (add_words(&words, rest), ...);  // a count or edge data names no slot: harmless words
+    const std::vector<uintptr_t> words = words_of(rest...);  // a count or edge data: no slot
     R rc{};
     intercept::with_pages_named(call, words, [&] { rc = real(out, graph, deps, rest...); });
     return rc;
@@ -674,8 +680,7 @@ struct NodeChange<R (*)(N, Rest...)> {
   R operator()(N node, Rest... rest) const {
     if (!handle()) return real(node, rest...);
     Scope scope;
-    std::vector<uintptr_t> words;
-    (add_words(&words, rest), ...);
+    const std::vector<uintptr_t> words = words_of(rest...);
     R rc{};
     intercept::with_pages_named(call, words, [&] { rc = real(node, rest...); });
     return rc;

@@ -732,9 +732,6 @@ void capture_mode_exchanged(const Call& call, CUstreamCaptureMode before, CUstre
 
 namespace {
 
-// Scans `graph` (graph_scan.h) into the facts of an executable made from it, and says so in the
-// trace. Every instantiation and update is scanned: a graph may have been built or edited
-// through the graph API, which vaswap does not follow node by node.
 // The scan of `graph`: the one `scanned` holds when it is of this graph (with nodes, where asked),
 // else a new one, kept there when `scanned` names this graph, else in `apart`.
 const GraphScan& scan_once(const Driver& driver, CUgraph graph, Scanned* scanned, bool with_nodes,
@@ -747,6 +744,9 @@ const GraphScan& scan_once(const Driver& driver, CUgraph graph, Scanned* scanned
   return scanned->scan.emplace(std::move(scan));
 }
 
+// Scans `graph` (graph_scan.h) into the facts of an executable made from it, and says so in the
+// trace. Every instantiation and update is scanned: a graph may have been built or edited
+// through the graph API, which vaswap does not follow node by node.
 ExecFacts scan_into_facts(CUgraphExec exec, CUgraph graph, Scanned* scanned) {
   Tables& t = tables();
   ExecFacts facts;
