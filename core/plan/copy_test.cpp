@@ -55,10 +55,18 @@ plan::Model copy_test(int device, const plan::Model& given) {
     // Quietly: under memory pressure the test may not fit, and the plan then uses other figures.
     slot = e.create_slot(device, bytes, /*intercepted=*/false, /*backed=*/true, /*report=*/false);
     host = e.host_alloc(bytes);
-    if (driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      fail(VASWAP_ERROR_CUDA, "cuStreamCreate failed");
+    const CUresult made = driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    if (made != CUDA_SUCCESS) {
+      stream = nullptr;
+      fail(VASWAP_ERROR_CUDA, cuda_failure("cuStreamCreate", made, "the copy test's stream"));
     }
-    for (CUevent& event : events) driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
+    for (CUevent& event : events) {
+      const CUresult rc = driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
+      if (rc != CUDA_SUCCESS) {
+        event = nullptr;
+        fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventCreate", rc, "the copy test's timing"));
+      }
+    }
     double d2h_us = 0, h2d_us = 0;
     for (int round = 0; round < kRounds; ++round) {
       if (round > 1) std::this_thread::sleep_for(kPause);
@@ -67,8 +75,9 @@ plan::Model copy_test(int device, const plan::Model& given) {
       driver.cuEventRecord(events[1], stream);
       driver.cuMemcpyHtoDAsync(slot->va, host, bytes, stream);
       driver.cuEventRecord(events[2], stream);
-      if (driver.cuEventSynchronize(events[2]) != CUDA_SUCCESS) {
-        fail(VASWAP_ERROR_CUDA, "the copy test did not complete");
+      const CUresult rc = driver.cuEventSynchronize(events[2]);
+      if (rc != CUDA_SUCCESS) {
+        fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventSynchronize", rc, "the copy test's copies"));
       }
       if (round == 0) continue;
       const double d2h = elapsed_us(driver, events[0], events[1]);

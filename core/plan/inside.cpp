@@ -816,6 +816,7 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
 
 void Inside::launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
   if (!enqueued || !any_.load(std::memory_order_acquire)) return;
+  std::string unmarked;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = graphs_.find(exec);
@@ -824,20 +825,37 @@ void Inside::launch_returned(CUgraphExec exec, CUstream stream, bool enqueued) {
     ++g.queued;
     // Its end on the device: what is freed or given back after its executor is done waits for it.
     const Driver& driver = drv();
-    if (g.finished == nullptr &&
-        driver.cuEventCreate(&g.finished, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-      g.finished = nullptr;
+    CUresult rc = CUDA_SUCCESS;
+    const char* call = "cuEventRecord";
+    if (g.finished == nullptr) {
+      call = "cuEventCreate";
+      rc = driver.cuEventCreate(&g.finished, CU_EVENT_DISABLE_TIMING);
+      if (rc != CUDA_SUCCESS) g.finished = nullptr;
     }
-    if (g.finished != nullptr && driver.cuEventRecord(g.finished, stream) == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS) {
+      call = "cuEventRecord";
+      rc = driver.cuEventRecord(g.finished, stream);
+    }
+    if (rc == CUDA_SUCCESS) {
       g.last_stream = stream;
+    } else {
+      unmarked = cuda_failure(
+          call, rc,
+          "the end of a launch of rewritten graph " + hex(reinterpret_cast<uintptr_t>(exec)));
     }
   }
   work_.notify_all();
+  if (unmarked.empty()) return;
+  // No event marks this launch's end (an older one may, which would let its slots go while this
+  // launch still uses them): it ends here, with the executor free to serve it, before anything
+  // the program enqueues next.
+  log().warn("inside one graph: {}: this thread waits for its stream instead", unmarked);
+  drv().cuStreamSynchronize(stream);
 }
 
 void Inside::used_elsewhere(const std::vector<Slot*>& slots, CUstream stream) {
   if (slots.empty()) return;
-  bool unordered = false;
+  std::string unordered;  // the failed call, when an event could not be recorded
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<Rewritten*> marked;
@@ -851,24 +869,24 @@ void Inside::used_elsewhere(const std::vector<Slot*>& slots, CUstream stream) {
                                 [stream](const Rewritten::Other& o) { return o.stream == stream; });
       if (other == g.others.end()) {
         CUevent used = nullptr;
-        if (drv().cuEventCreate(&used, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-          unordered = true;
+        const CUresult rc = drv().cuEventCreate(&used, CU_EVENT_DISABLE_TIMING);
+        if (rc != CUDA_SUCCESS) {
+          unordered = cuda_failure("cuEventCreate", rc, "other work that uses a lent slot");
           continue;
         }
         other = g.others.insert(g.others.end(), Rewritten::Other{stream, used, false});
       }
-      if (drv().cuEventRecord(other->used, stream) != CUDA_SUCCESS) {
-        unordered = true;
+      const CUresult rc = drv().cuEventRecord(other->used, stream);
+      if (rc != CUDA_SUCCESS) {
+        unordered = cuda_failure("cuEventRecord", rc, "other work that uses a lent slot");
         continue;
       }
       other->pending = true;
     }
   }
-  if (!unordered) return;
+  if (unordered.empty()) return;
   // No event to order the graph's next launch by: the work ends here before anything else runs.
-  log().warn(
-      "inside one graph: an event after other work that uses a lent slot could not be "
-      "recorded: this thread waits for its stream instead");
+  log().warn("inside one graph: {}: this thread waits for its stream instead", unordered);
   drv().cuStreamSynchronize(stream);
 }
 

@@ -18,8 +18,9 @@ CUevent record_on(const Driver& driver, CUstream stream) {
   if (driver.cuStreamGetCtx(stream, &context) != CUDA_SUCCESS) driver.cuCtxGetCurrent(&context);
   ContextScope scope(driver, context);
   CUevent event = nullptr;
-  if (driver.cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-    fail(VASWAP_ERROR_CUDA, "cuEventCreate failed for a planner timing event");
+  const CUresult made = driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
+  if (made != CUDA_SUCCESS) {
+    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventCreate", made, "a planner timing event"));
   }
   const CUresult rc = driver.cuEventRecord(event, stream);
   if (rc != CUDA_SUCCESS) {

@@ -99,7 +99,8 @@ bool special(CUstream stream) {
 // go back to a pool when the last reference goes.
 class EventPool {
  public:
-  CUevent take(CUcontext context);
+  // An event from the pool, or a new one made in `context`: CUDA_SUCCESS, or cuEventCreate's error.
+  CUresult take(CUcontext context, CUevent* event);
   void give(CUevent event) {
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(event);
@@ -865,20 +866,21 @@ StreamKey Residency::key_of(CUstream stream) {
   return {stream, 0};
 }
 
-CUevent EventPool::take(CUcontext context) {
+CUresult EventPool::take(CUcontext context, CUevent* event) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
-      CUevent event = free_.back();
+      *event = free_.back();
       free_.pop_back();
-      return event;
+      return CUDA_SUCCESS;
     }
   }
   const Driver& driver = drv();
   ContextScope scope(driver, context);
-  CUevent event = nullptr;
-  if (driver.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
-  return event;
+  *event = nullptr;
+  const CUresult rc = driver.cuEventCreate(event, CU_EVENT_DISABLE_TIMING);
+  if (rc != CUDA_SUCCESS) *event = nullptr;
+  return rc;
 }
 
 Marks& Residency::marks_of(const StreamKey& key) {
@@ -910,10 +912,11 @@ void Residency::close_mark(const StreamKey& key) {
     const CUresult rc = driver.cuStreamIsCapturing(key.handle, &status);
     if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || status != CU_STREAM_CAPTURE_STATUS_NONE) return;
   }
-  CUevent event = m.pool.take(m.context);
-  if (event == nullptr) {
-    die("cuEventCreate failed for a use mark on stream " +
-        hex(reinterpret_cast<uintptr_t>(key.handle)));
+  CUevent event = nullptr;
+  const CUresult made = m.pool.take(m.context, &event);
+  if (made != CUDA_SUCCESS) {
+    die(cuda_failure("cuEventCreate", made,
+                     "a use mark on stream " + hex(reinterpret_cast<uintptr_t>(key.handle))));
   }
   const CUresult rc = driver.cuEventRecord(event, key.handle);
   if (rc != CUDA_SUCCESS) {
@@ -3452,8 +3455,10 @@ CUevent Residency::spare_event(Device& d) {
   }
   CUevent event = nullptr;
   ContextScope scope(drv(), d.context);
-  if (drv().cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-    die("cuEventCreate failed for a copy's timing on device " + std::to_string(d.ordinal));
+  const CUresult made = drv().cuEventCreate(&event, CU_EVENT_DEFAULT);
+  if (made != CUDA_SUCCESS) {
+    die(cuda_failure("cuEventCreate", made,
+                     "a copy's timing on device " + std::to_string(d.ordinal)));
   }
   return event;
 }

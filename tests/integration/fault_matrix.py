@@ -35,6 +35,8 @@ FAULTS = [
     ("cuMemUnmap", "cuMemUnmap", 999, "unmapping an evicted slot"),
     ("cuMemRelease", "cuMemRelease", 999, "releasing an evicted slot's pages"),
     ("cuMemHostAlloc", "cuMemHostAlloc", 2, "pinned host memory for evicted slots"),
+    ("cuEventCreate", "cuEventCreate", 999,
+     "creating an event (vaswap's use marks, restores, timing; or the program's)"),
     ("cuEventRecord", "cuEventRecordWithFlags", 999, "recording an event (vaswap's or the program's)"),
     ("cuStreamWaitEvent", "cuStreamWaitEvent", 999, "a stream waiting for an event"),
     ("cuEventQuery", "cuEventQuery", 999, "polling an event"),
