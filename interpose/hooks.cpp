@@ -632,8 +632,10 @@ struct ExecChange<R (*)(E, N, Rest...)> {
   R operator()(E exec, N node, Rest... rest) const {
     if (!handle()) return real(exec, node, rest...);
     Scope scope;
+    CUresult refused = CUDA_SUCCESS;
     const N named = reinterpret_cast<N>(intercept::exec_node_changing(
-        reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
+        call, reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node), &refused));
+    if (refused != CUDA_SUCCESS) return to_status<R>(refused);
     const std::vector<uintptr_t> words = words_of(rest...);
     R rc{};
     intercept::with_pages_named(call, words, [&] { rc = real(exec, named, rest...); });
@@ -645,6 +647,28 @@ struct ExecChange<R (*)(E, N, Rest...)> {
       intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec), std::nullopt);
     }
     return rc;
+  }
+};
+
+// Calls that name a node of an executable and change nothing it reads or writes in device memory:
+// cudaGraphNode{Set,Get}Enabled, cudaGraphExecHostNodeSetParams, cudaGraphExecEvent{Record,Wait}
+// NodeSetEvent, cudaGraphExecExternalSemaphores{Signal,Wait}NodeSetParams and their driver twins,
+// (exec, node, ...). The program names a node of the graph it instantiated; an executable made
+// from a rewritten copy has the node's counterpart there (intercept::exec_node_in). A disabled
+// node uses less than the scan counted, and one enabled again no more: the windows stay.
+template <class Fn>
+struct ExecNamed;
+template <class R, class E, class N, class... Rest>
+struct ExecNamed<R (*)(E, N, Rest...)> {
+  R (*real)(E, N, Rest...);
+  Call call;
+  R operator()(E exec, N node, Rest... rest) const {
+    if (!handle()) return real(exec, node, rest...);
+    Scope scope;
+    return real(exec,
+                reinterpret_cast<N>(intercept::exec_node_in(reinterpret_cast<CUgraphExec>(exec),
+                                                            reinterpret_cast<CUgraphNode>(node))),
+                rest...);
   }
 };
 
@@ -700,8 +724,10 @@ struct ExecKernelChange<R (*)(E, N, const P*)> {
   R operator()(E exec, N node, const P* params) const {
     if (!handle()) return real(exec, node, params);
     Scope scope;
+    CUresult refused = CUDA_SUCCESS;
     const N named = reinterpret_cast<N>(intercept::exec_node_changing(
-        reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node)));
+        call, reinterpret_cast<CUgraphExec>(exec), reinterpret_cast<CUgraphNode>(node), &refused));
+    if (refused != CUDA_SUCCESS) return to_status<R>(refused);
     const R rc = real(exec, named, params);
     if (rc != R{}) return rc;
     if (params == nullptr) {

@@ -40,7 +40,8 @@ namespace vaswap {
   X(cuGraphNodeGetDependencies, 12030) X(cuGraphAddDependencies, 12030)                           \
   X(cuGraphAddMemcpyNode, 10000) X(cuGraphAddBatchMemOpNode, 11070)                        \
   X(cuGraphCreate, 10000) X(cuGraphInstantiateWithFlags, 11040) X(cuGraphLaunch, 10000)           \
-  X(cuGraphUpload, 11010) X(cuGraphExecDestroy, 10000) X(cuGraphAddMemsetNode, 10000)
+  X(cuGraphUpload, 11010) X(cuGraphExecDestroy, 10000) X(cuGraphAddMemsetNode, 10000)          \
+  X(cuGraphNodeSetEnabled, 11060)
 // clang-format on
 
 struct Driver {

@@ -1372,10 +1372,24 @@ Ticket eager_kernel(const Call& call, CUstream stream, const Kernel& kernel, voi
   return hand_to_planner(call, stream, slots, residency::Checked::when_run);
 }
 
-CUgraphNode exec_node_changing(CUgraphExec exec, CUgraphNode node) {
-  inside::node_changing(exec);
+CUgraphNode exec_node_changing(const Call& call, CUgraphExec exec, CUgraphNode node,
+                               CUresult* refused) {
+  std::string why;
+  *refused = inside::node_changing(exec, &why);
+  if (*refused != CUDA_SUCCESS) {
+    log().error("{}: the call returns {}", call.symbol, cuda_error_name(*refused));
+    if (trace::enabled()) {
+      record(trace::Event::error, call)
+          .add("code", cuda_error_name(*refused))
+          .add("message", why)
+          .emit();
+    }
+    return node;
+  }
   return inside::node_in(exec, node);
 }
+
+CUgraphNode exec_node_in(CUgraphExec exec, CUgraphNode node) { return inside::node_in(exec, node); }
 
 namespace {
 

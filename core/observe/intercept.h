@@ -136,8 +136,15 @@ void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> gra
 // the captured graph; an executable made from a rewritten copy has its counterpart there). A
 // rewritten executable's slots come back to the device first and are unmapped no more
 // (inside::node_changing): the driver checks a copy or memset node's new addresses at the call,
-// and refuses one without pages (bench/results/launch_unmapped_h200.txt).
-CUgraphNode exec_node_changing(CUgraphExec exec, CUgraphNode node);
+// and refuses one without pages (bench/results/launch_unmapped_h200.txt). Its windows' copies
+// are disabled first; where that fails, `refused` holds the error the call must return without
+// making the change (logged, and traced as an `error`).
+CUgraphNode exec_node_changing(const Call& call, CUgraphExec exec, CUgraphNode node,
+                               CUresult* refused);
+// The node of `exec` to name for a call that changes nothing `exec` reads or writes in device
+// memory (enabling a node, an event or host node's new parameters): its counterpart where `exec`
+// was made from a rewritten copy, else `node`.
+CUgraphNode exec_node_in(CUgraphExec exec, CUgraphNode node);
 // What a launch holds from before the real call to after it. Not ok: the launch must not happen
 // (its slots cannot fit the residency budget); the hook returns the API's out-of-memory error.
 using Ticket = planner::Ticket;

@@ -57,9 +57,15 @@ struct Rewritten {
   // The rewritten copy it was instantiated from, kept: the program names nodes of the captured
   // graph when it changes one in the executable, and its node in the copy is found through it.
   CUgraph clone = nullptr;
+  WindowCopies copies;  // the windows' D2H and H2D nodes, in `clone`
   // The program changed a node: what it uses may have changed, so nothing is unmapped any more
-  // (every slot stays on the device; the windows still copy and signal).
+  // and the windows' copies are disabled in the executable (every slot stays on the device, its
+  // data there; the windows still signal, and the executor still follows them). A copy left on
+  // would put back a slot's data from before a gap that a changed node now writes in.
   bool disabled = false;
+  // Why a restore's copy could not be disabled (cuGraphNodeSetEnabled's error): the program's
+  // node changes are refused from then on. CUDA_SUCCESS while none failed.
+  CUresult copies_left_on = CUDA_SUCCESS;
   // A thread works on its slots with the lock released (driver calls that wait): the executor and
   // other threads leave the graph alone until it is done (`moving` false, done_ notified).
   bool moving = false;
@@ -167,7 +173,7 @@ class Inside {
   void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream);
   std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
   void exec_destroyed(CUgraphExec exec);
-  void node_changing(CUgraphExec exec);
+  CUresult node_changing(CUgraphExec exec, std::string* message);
   CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
   void forget(Slot* slot);
   uint64_t unmapped_reserve(int device) {
@@ -510,8 +516,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   };
   CUgraph rewritten = nullptr;
   try {
-    rewritten =
-        rewrite_graph(driver, graph, scan.order, choice, rslots, wflags, g->context, with_pages);
+    rewritten = rewrite_graph(driver, graph, scan.order, choice, rslots, wflags, g->context,
+                              with_pages, &g->copies);
   } catch (const Error& e) {
     for (Lent& lent : g->slots) {
       if (lent.host != nullptr) engine().host_free(lent.host);
@@ -780,6 +786,8 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
     }
   }
   for (Lent& lent : g.slots) {
+    // With the windows' copies off, nothing would copy the data back: it stays where it is.
+    if (g.disabled && g.copies_left_on == CUDA_SUCCESS) break;
     if (lent.gone || !lent.wraps) continue;
     const bool on_device = lent.kept || g.disabled || !g.lent || (idle && lent.mapped);
     if (!on_device) continue;
@@ -1335,12 +1343,13 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   drv().cuMemFreeHost(flags);
 }
 
-void Inside::node_changing(CUgraphExec exec) {
-  if (!any_.load(std::memory_order_acquire)) return;
+CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
+  if (!any_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = graphs_.find(exec);
-  if (it == graphs_.end() || it->second->disabled) return;
+  if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
+  if (g.disabled) return g.copies_left_on;
   if (!quiet_locked(lock, g, /*drain=*/false)) {
     still_moving("graph " + hex(reinterpret_cast<uintptr_t>(exec)), "a node of it was changed");
   }
@@ -1354,10 +1363,35 @@ void Inside::node_changing(CUgraphExec exec) {
   for (Lent& lent : g.slots) lent.kept = true;
   g.disabled = true;
   note_held_locked();
+  // No launch is in flight (finished_locked): the copies go off for every launch from now on.
+  // Restores first: a D2H left on only copies data that stays on the device, an H2D left on
+  // would put back what a changed node may have written since its D2H.
+  const Driver& driver = drv();
+  for (const CUgraphNode node : g.copies.h2d) {
+    const CUresult rc = driver.cuGraphNodeSetEnabled(exec, node, 0);
+    if (rc != CUDA_SUCCESS) {
+      g.copies_left_on = rc;
+      *message = cuda_failure("cuGraphNodeSetEnabled", rc,
+                              "a restore's copy in rewritten graph " +
+                                  hex(reinterpret_cast<uintptr_t>(exec))) +
+                 ": the program's change would be undone by it, and is refused";
+      log().error("inside one graph: {}", *message);
+      return rc;
+    }
+  }
+  for (const CUgraphNode node : g.copies.d2h) {
+    const CUresult rc = driver.cuGraphNodeSetEnabled(exec, node, 0);
+    if (rc != CUDA_SUCCESS) {
+      log().warn("inside one graph: {} (it copies data that stays on the device)",
+                 cuda_failure("cuGraphNodeSetEnabled", rc, "a release's copy"));
+    }
+  }
+  g.copies_left_on = CUDA_SUCCESS;
   log().info(
       "inside one graph: a node of graph {} is changed: its slots stay on the device from "
-      "now on (its windows copy, but nothing is unmapped)",
+      "now on (its windows' copies are off, and nothing is unmapped)",
       hex(reinterpret_cast<uintptr_t>(exec)));
+  return CUDA_SUCCESS;
 }
 
 CUgraphNode Inside::node_in(CUgraphExec exec, CUgraphNode node) {
@@ -1475,7 +1509,9 @@ std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::s
   return the().present(slots, rc, message);
 }
 void exec_destroyed(CUgraphExec exec) { the().exec_destroyed(exec); }
-void node_changing(CUgraphExec exec) { the().node_changing(exec); }
+CUresult node_changing(CUgraphExec exec, std::string* message) {
+  return the().node_changing(exec, message);
+}
 CUgraphNode node_in(CUgraphExec exec, CUgraphNode node) { return the().node_in(exec, node); }
 void forget(Slot* slot) { the().forget(slot); }
 uint64_t unmapped_reserve(int device) { return the().unmapped_reserve(device); }

@@ -84,9 +84,12 @@ void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream);
 // and return to residency, and it is followed no more.
 void exec_destroyed(CUgraphExec exec);
 // Before the program changes a node of `exec` (cudaGraphExec*NodeSetParams): what the node uses
-// may change, so its launches finish, its slots come back, and from then on nothing of it is
-// unmapped (its windows still copy and signal, and are still followed).
-void node_changing(CUgraphExec exec);
+// may change, so its launches finish, its slots come back, from then on nothing of it is
+// unmapped, and its windows' copies are disabled in the executable (cuGraphNodeSetEnabled: a
+// restore would put back data from before a gap that the changed node may now write in); the
+// windows still signal and are still followed. An error, with `message`, when a restore's copy
+// could not be disabled: the change must not be made then.
+CUresult node_changing(CUgraphExec exec, std::string* message);
 // The node of `exec` the program names (a node of the captured graph): its counterpart in the
 // rewritten copy the executable was made from; `node` itself for any other executable.
 CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);

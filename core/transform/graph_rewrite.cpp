@@ -45,7 +45,9 @@ class Clone {
 CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<ScannedNode>& order,
                       const windows::Choice& choice, const std::vector<RewriteSlot>& slots,
                       const std::vector<WindowFlags>& flags, CUcontext context,
-                      const std::function<void(size_t, const std::function<void()>&)>& with_pages) {
+                      const std::function<void(size_t, const std::function<void()>&)>& with_pages,
+                      WindowCopies* copies) {
+  *copies = {};
   Clone clone(driver, graph);
   std::vector<CUgraphNode> at(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
@@ -95,6 +97,7 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
                                              context),
                  "cuGraphAddMemcpyNode", subject_of(k) + " (D2H)");
     });
+    copies->d2h.push_back(d2h);
     released[k] = memop({d2h}, {write_one(flags.at(k).released)}, subject_of(k) + " (released)");
   }
   // Then restores: `trigger` after the trigger position and after every release the schedule
@@ -137,6 +140,7 @@ CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<Sca
       clone.call(driver.cuGraphAddMemcpyNode(&h2d, clone.get(), &mapped, 1, &in, context),
                  "cuGraphAddMemcpyNode", subject + " (H2D)");
     });
+    copies->h2d.push_back(h2d);
     const std::vector<CUgraphNode> after = nodes_at(w.after);
     const std::vector<CUgraphNode> from(after.size(), h2d);
     clone.call(driver.cuGraphAddDependencies(clone.get(), from.data(), after.data(), nullptr,

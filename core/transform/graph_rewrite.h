@@ -40,10 +40,15 @@ struct WindowFlags {
 // `slots`; flags by window). Returns the clone, which the caller instantiates and destroys.
 // Throws Error naming the driver call that failed; nothing is left behind then.
 // `with_pages(candidate, add)` runs `add` (which adds the window's copy nodes) while the slot has
-// pages: the driver refuses a copy node that names an address without them.
+// pages: the driver refuses a copy node that names an address without them. `copies` gets the
+// windows' D2H and H2D nodes (nodes of the clone), which an executable made from it can disable.
+struct WindowCopies {
+  std::vector<CUgraphNode> d2h, h2d;
+};
 CUgraph rewrite_graph(const Driver& driver, CUgraph graph, const std::vector<ScannedNode>& order,
                       const windows::Choice& choice, const std::vector<RewriteSlot>& slots,
                       const std::vector<WindowFlags>& flags, CUcontext context,
-                      const std::function<void(size_t, const std::function<void()>&)>& with_pages);
+                      const std::function<void(size_t, const std::function<void()>&)>& with_pages,
+                      WindowCopies* copies);
 
 }  // namespace vaswap

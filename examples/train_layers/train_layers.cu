@@ -133,6 +133,7 @@ struct Options {
   bool batch_copies = false;
   bool whole = false;        // --graph whole: one graph per step
   int set_params_step = -1;  // --graph whole: -1: never
+  int retarget_step = -1;    // --graph whole: -1: never
   int extra_mib = 0;         // 0: none
   int eager_mib = 0;         // 0: none
   uint32_t work = 0;         // rounds of mixing per element in the layer kernels
@@ -146,8 +147,9 @@ void usage(FILE* to) {
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
-      "                    [--graph layers|whole] [--set-params-step N] [--work N]\n"
-      "                    [--eager-mib N] [--out FILE] [--quiet]\n"
+      "                    [--graph layers|whole] [--set-params-step N]\n"
+      "                    [--retarget-step N] [--work N] [--eager-mib N] [--out FILE]\n"
+      "                    [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -190,7 +192,14 @@ void usage(FILE* to) {
       "                  whole-iteration torch.cuda.graph); the checksum is the same\n"
       "  --set-params-step N  with --graph whole: before step N, give a kernel node of the\n"
       "                  executable its own parameters again (cudaGraphExecKernelNodeSetParams\n"
-      "                  with the captured graph's node)\n"
+      "                  with the captured graph's node), and read and set again whether it\n"
+      "                  is enabled (cudaGraphNode{Get,Set}Enabled)\n"
+      "  --retarget-step N  with --graph whole: before step N, point the last layer's\n"
+      "                  forward kernel node at the first layer's activation buffer\n"
+      "                  (cudaGraphExecKernelNodeSetParams): a node in the middle of the\n"
+      "                  graph then writes a buffer that the graph otherwise leaves alone\n"
+      "                  between the first layer's forward and backward; the checksum\n"
+      "                  changes (the same with and without vaswap)\n"
       "  --work N        N rounds of integer mixing per element in each layer's forward and\n"
       "                  backward kernel (default 0): device time for the copies to hide\n"
       "                  behind, as a real layer's compute gives (on the H200, --work 2000\n"
@@ -232,6 +241,7 @@ Options parse(int argc, char** argv) {
                                  {"batch-copies", no_argument, nullptr, 'b'},
                                  {"graph", required_argument, nullptr, 'g'},
                                  {"set-params-step", required_argument, nullptr, 'k'},
+                                 {"retarget-step", required_argument, nullptr, 'R'},
                                  {"work", required_argument, nullptr, 'W'},
                                  {"eager-mib", required_argument, nullptr, 'E'},
                                  {nullptr, 0, nullptr, 0}};
@@ -284,6 +294,10 @@ Options parse(int argc, char** argv) {
         ok = parse_number(optarg, 0, 1000000, &v);
         o.set_params_step = static_cast<int>(v);
         break;
+      case 'R':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.retarget_step = static_cast<int>(v);
+        break;
       case 'g':
         if (std::strcmp(optarg, "whole") == 0) {
           o.whole = true;
@@ -333,8 +347,13 @@ Options parse(int argc, char** argv) {
                  o.devices);
     std::exit(2);
   }
-  if (o.set_params_step >= 0 && !o.whole) {
-    std::fprintf(stderr, "train_layers: --set-params-step needs --graph whole\n");
+  if ((o.set_params_step >= 0 || o.retarget_step >= 0) && !o.whole) {
+    std::fprintf(stderr,
+                 "train_layers: --set-params-step and --retarget-step need --graph whole\n");
+    std::exit(2);
+  }
+  if (o.retarget_step >= 0 && o.layers < 2) {
+    std::fprintf(stderr, "train_layers: --retarget-step needs two layers or more\n");
     std::exit(2);
   }
   if (o.whole && (o.devices > 1 || o.api_graph || o.batch_copies || o.eval_every > 0 ||
@@ -615,6 +634,7 @@ int main(int argc, char** argv) {
   cudaGraph_t whole_graph = nullptr;       // kept: --set-params-step names one of its nodes
   cudaGraphNode_t whole_kernel = nullptr;  // its last kernel node (the last layer's update)
   cudaKernelNodeParams whole_params{};
+  cudaGraphNode_t last_forward = nullptr;  // the last layer's forward kernel (--retarget-step)
   if (o.whole) {
     whole = capture_keeping(s, &whole_graph, [&] {
       for (size_t l = 0; l < layers.size(); ++l) {
@@ -644,7 +664,13 @@ int main(int argc, char** argv) {
     for (cudaGraphNode_t node : nodes) {
       cudaGraphNodeType type{};
       CHECK(cudaGraphNodeGetType(node, &type));
-      if (type == cudaGraphNodeTypeKernel) whole_kernel = node;
+      if (type != cudaGraphNodeTypeKernel) continue;
+      whole_kernel = node;
+      cudaKernelNodeParams p{};
+      CHECK(cudaGraphKernelNodeGetParams(node, &p));
+      if (p.func == (void*)forward_kernel && *static_cast<void**>(p.kernelParams[2]) == last.act) {
+        last_forward = node;
+      }
     }
     CHECK(cudaGraphKernelNodeGetParams(whole_kernel, &whole_params));
   }
@@ -678,6 +704,20 @@ int main(int argc, char** argv) {
     on(first)((const void*)fill_kernel, {&first.x, &data_seed, &n});
     if (step == o.set_params_step) {
       CHECK(cudaGraphExecKernelNodeSetParams(whole, whole_kernel, &whole_params));
+      unsigned enabled = 0;
+      CHECK(cudaGraphNodeGetEnabled(whole, whole_kernel, &enabled));
+      CHECK(cudaGraphNodeSetEnabled(whole, whole_kernel, enabled));
+    }
+    if (step == o.retarget_step) {
+      if (last_forward == nullptr) {
+        std::fprintf(stderr, "train_layers: the last layer's forward kernel node was not found\n");
+        std::exit(1);
+      }
+      cudaKernelNodeParams p{};
+      CHECK(cudaGraphKernelNodeGetParams(last_forward, &p));
+      void* args[] = {&last.x, &last.w, &first.act, &last.y, &n, &work};
+      p.kernelParams = args;
+      CHECK(cudaGraphExecKernelNodeSetParams(whole, last_forward, &p));
     }
     if (o.whole) CHECK(cudaGraphLaunch(whole, s));
     if (!o.whole) forward();

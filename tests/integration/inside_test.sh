@@ -20,6 +20,9 @@
 #      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
 #      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
 #      before any wait).
+#      A node of it changed by the program: its windows' copies go off in the executable
+#      (cuGraphNodeSetEnabled), so a node changed to write a slot inside its window keeps what
+#      it wrote (--retarget-step); a copy that cannot be disabled refuses the change, named.
 #   5. A map that fails once (out of memory) is retried: same checksum. A map that hangs in the
 #      driver past residency.wait_limit ends the process with exit status 70 and names it.
 #   6. Each stream creation of the run failing in turn: the checksum, or the failed call named;
@@ -159,7 +162,9 @@ whole one_queue "$base,inside.mode=on" CUDA_DEVICE_MAX_CONNECTIONS=1
 check one_queue 'assert s["inside_launches"] == 20 and s["inside_restores"] > 0, s'
 
 # A node of the rewritten executable changed by the program, named by the captured graph's node
-# handle: the call reaches the copy's node; from then on nothing is unmapped; same checksum.
+# handle: the call reaches the copy's node; from then on nothing is unmapped; same checksum. The
+# demo also reads and sets again whether that node is enabled (cudaGraphNode{Get,Set}Enabled,
+# named the same way): without vaswap naming the copy's node, the driver refuses both.
 got=$(VASWAP_CONF="$base,inside.mode=on,log.level=info" \
     run --trace "$tmp/set_params.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
     --set-params-step 10 2>"$tmp/err") || fail "set_params: the demo failed under vaswap"
@@ -170,6 +175,30 @@ first = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[11]]
 assert s["inside_launches"] == 20 and not first, (s, len(first))  # nothing unmapped after it
 '
 echo "ok   set_params: the executable's node changed through the captured node; nothing unmapped after"
+
+# A node changed to write a slot in the middle of that slot's window (--retarget-step: the last
+# layer's forward now writes the first layer's activation, which the graph otherwise leaves alone
+# between the first layer's forward and backward): the window's restore would put back the data
+# from before the gap, so the windows' copies go off with the change. The checksum is the
+# changed program's without vaswap. When a copy cannot be disabled, the change is refused with
+# the error named, never made with a restore that undoes it.
+retarget=$("$demo" --quiet --steps 20 --graph whole --retarget-step 5)
+[[ "$retarget" == checksum* && "$retarget" != "$want" ]] || fail "retarget: '$retarget' without vaswap"
+got=$(VASWAP_CONF="$base,inside.mode=on,log.level=info" \
+    run --trace "$tmp/retarget.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+    --retarget-step 5 2>"$tmp/err") || fail "retarget: the demo failed under vaswap"
+[[ "$got" == "$retarget" ]] || fail "retarget: checksum '$got', without vaswap '$retarget'"
+grep -q "copies are off" "$tmp/err" || fail "retarget: the copies were not turned off"
+check retarget 'assert s["inside_launches"] == 20 and s["inside_windows"] > 0, s'
+rc=0
+VASWAP_SIM_FAULTS=cuGraphNodeSetEnabled:1:999 VASWAP_CONF="$base,inside.mode=on" \
+    run -- "$demo" --quiet --steps 20 --graph whole --retarget-step 5 >"$tmp/out" 2>"$tmp/err" || rc=$?
+[[ $rc != 0 ]] || fail "retarget_refused: the change went ahead: $(cat "$tmp/out")"
+grep -q "cuGraphNodeSetEnabled failed with CUDA_ERROR_UNKNOWN.* is refused" "$tmp/err" ||
+  fail "retarget_refused: the failed call is not named: $(tail -3 "$tmp/err")"
+grep -q "cudaGraphExecKernelNodeSetParams.*failed" "$tmp/err" ||
+  fail "retarget_refused: the program did not get the error: $(tail -3 "$tmp/err")"
+echo "ok   retarget: a node changed to write inside a window: the copies go off, $got; refused and named when they cannot"
 
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2

@@ -69,6 +69,7 @@ std::unique_ptr<Node> Node::clone(Graph* new_owner,
   auto n = std::make_unique<Node>();
   n->type = type;
   n->owner = new_owner;
+  n->enabled = enabled;
   for (Node* d : deps) n->deps.push_back(remap.at(d));
   n->function = function;
   n->dims = dims;
@@ -85,6 +86,7 @@ std::unique_ptr<Node> Node::clone(Graph* new_owner,
 }
 
 void Node::run() const {
+  if (!enabled) return;
   switch (type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
       if (kernel_faults()) break;
@@ -576,25 +578,35 @@ static std::shared_ptr<GraphExec> lookup_exec(CUgraphExec he) {
 // Replaces the executable's copy of `hn` (a node of the graph it was made from) with `node`,
 // keeping its dependencies. Copy on write: launches already enqueued keep the old graph, as CUDA
 // documents ("already enqueued or running launches are not affected").
+// The position of the executable's copy of `hn` (a node of the graph it was made from): false when
+// it has none. Under exec.mutex.
+static bool exec_index_locked(const GraphExec& exec, CUgraphNode hn, size_t* index) {
+  Node* source = lookup_node(hn);
+  auto it = source == nullptr ? exec.index_of.end() : exec.index_of.find(source);
+  if (it == exec.index_of.end()) return false;
+  *index = it->second;
+  return true;
+}
+
 static CUresult replace_exec_node(CUgraphExec he, CUgraphNode hn, std::unique_ptr<Node> node) {
   auto exec = lookup_exec(he);
-  Node* source = lookup_node(hn);
-  if (!exec || source == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(exec->mutex);
-  auto it = exec->index_of.find(source);
-  if (it == exec->index_of.end()) return CUDA_ERROR_INVALID_VALUE;
-  const Node& old = *exec->graph->nodes[it->second];
+  size_t at = 0;
+  if (!exec_index_locked(*exec, hn, &at)) return CUDA_ERROR_INVALID_VALUE;
+  const Node& old = *exec->graph->nodes[at];
   if (old.type != node->type) return CUDA_ERROR_INVALID_VALUE;  // a node keeps its kind
   std::shared_ptr<Graph> updated(exec->graph->clone().release());
   node->owner = updated.get();
-  node->deps = updated->nodes[it->second]->deps;
+  node->deps = updated->nodes[at]->deps;
+  node->enabled = old.enabled;  // new parameters leave a disabled node disabled
   rebind_kernel_args(node.get());
   // The nodes that depend on the old one depend on its replacement.
-  const Node* replaced = updated->nodes[it->second].get();
+  const Node* replaced = updated->nodes[at].get();
   for (const auto& other : updated->nodes) {
     std::replace(other->deps.begin(), other->deps.end(), const_cast<Node*>(replaced), node.get());
   }
-  updated->nodes[it->second] = std::move(node);
+  updated->nodes[at] = std::move(node);
   exec->graph = std::move(updated);
   return CUDA_SUCCESS;
 }
@@ -664,6 +676,43 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {
 // -----------------------------------------------------------------------------------------------
 
 // The whole graph, if its topology matches (same nodes, of the same kinds, in the same order).
+// "Sets the specified node to be enabled or disabled. Disabled nodes are functionally equivalent to
+// empty nodes until they are reenabled" (cuGraphNodeSetEnabled): a node of the graph the
+// executable was made from; kernel, memcpy and memset nodes only. Copy on write, as a node's new
+// parameters: launches already enqueued keep what they started with.
+static bool can_disable(const Node& node) {
+  return node.type == CU_GRAPH_NODE_TYPE_KERNEL || node.type == CU_GRAPH_NODE_TYPE_MEMCPY ||
+         node.type == CU_GRAPH_NODE_TYPE_MEMSET;
+}
+
+CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec he, CUgraphNode hn, unsigned int enabled) {
+  SIM_ENTER();
+  auto exec = lookup_exec(he);
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(exec->mutex);
+  size_t at = 0;
+  if (!exec_index_locked(*exec, hn, &at) || !can_disable(*exec->graph->nodes[at])) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_ptr<Graph> updated(exec->graph->clone().release());
+  updated->nodes[at]->enabled = enabled != 0;
+  exec->graph = std::move(updated);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec he, CUgraphNode hn, unsigned int* enabled) {
+  SIM_ENTER();
+  auto exec = lookup_exec(he);
+  if (!exec || enabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(exec->mutex);
+  size_t at = 0;
+  if (!exec_index_locked(*exec, hn, &at) || !can_disable(*exec->graph->nodes[at])) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *enabled = exec->graph->nodes[at]->enabled ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg,
                                       CUgraphExecUpdateResultInfo* info) {
   SIM_ENTER();

@@ -321,6 +321,8 @@ const Entry kEntries[] = {
     E("cuGraphExecMemsetNodeSetParams", 10020, cuGraphExecMemsetNodeSetParams),
     E("cuGraphExecChildGraphNodeSetParams", 11010, cuGraphExecChildGraphNodeSetParams),
     E("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams),
+    E("cuGraphNodeSetEnabled", 11060, cuGraphNodeSetEnabled),
+    E("cuGraphNodeGetEnabled", 11060, cuGraphNodeGetEnabled),
     E("cuGraphAddBatchMemOpNode", 11070, cuGraphAddBatchMemOpNode),
     E("cuGraphBatchMemOpNodeGetParams", 11070, cuGraphBatchMemOpNodeGetParams),
     E("cuGraphExecBatchMemOpNodeSetParams", 11070, cuGraphExecBatchMemOpNodeSetParams),

@@ -162,6 +162,9 @@ struct Node {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
   Graph* owner = nullptr;
   std::vector<Node*> deps;
+  // cuGraphNodeSetEnabled (an executable's kernel, memcpy or memset node): a disabled node is an
+  // empty node until enabled again.
+  bool enabled = true;
 
   // CU_GRAPH_NODE_TYPE_KERNEL
   Function* function = nullptr;

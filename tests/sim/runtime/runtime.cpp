@@ -80,7 +80,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuMemcpy2D) X(cuMemcpy2DAsync) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuMemcpyPeer)          \
   X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync) X(cuDeviceCanAccessPeer)          \
   X(cuCtxEnablePeerAccess) X(cuMemcpy3DPeer) X(cuMemcpy3DPeerAsync) X(cuGraphAddMemcpyNode)    \
-  X(cuGraphAddMemsetNode) X(cuGraphMemcpyNodeSetParams) X(cuGraphMemsetNodeSetParams)
+  X(cuGraphAddMemsetNode) X(cuGraphMemcpyNodeSetParams) X(cuGraphMemsetNodeSetParams)          \
+  X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled)
 // clang-format on
 
 struct Driver {
@@ -946,6 +947,16 @@ SIM_API cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t e, cudaGrap
   CUDA_KERNEL_NODE_PARAMS k{};
   if (cudaError_t err = kernel_node_params(p, &k)) return note(err);
   return note(drv().cuGraphExecKernelNodeSetParams(cu(e), cu(node), &k));
+}
+SIM_API cudaError_t cudaGraphNodeSetEnabled(cudaGraphExec_t e, cudaGraphNode_t node,
+                                            unsigned int enabled) {
+  RT_ENTER();
+  return note(drv().cuGraphNodeSetEnabled(cu(e), cu(node), enabled));
+}
+SIM_API cudaError_t cudaGraphNodeGetEnabled(cudaGraphExec_t e, cudaGraphNode_t node,
+                                            unsigned int* enabled) {
+  RT_ENTER();
+  return note(drv().cuGraphNodeGetEnabled(cu(e), cu(node), enabled));
 }
 SIM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g,
                                         cudaGraphExecUpdateResultInfo* info) {

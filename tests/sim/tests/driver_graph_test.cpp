@@ -331,6 +331,51 @@ TEST_F(GraphTest, LaunchesOfOneExecutableAreOrderedAcrossStreams) {
 
 // A node given new parameters in the executable keeps its place: the nodes that depend on it
 // depend on its replacement (changing both a node and then its dependent runs both, in order).
+// cuGraphNodeSetEnabled: a disabled node does nothing (the memset's bytes stay as they were) and
+// its dependents still run after it; enabled again, it runs again. Only kernel, memcpy and
+// memset nodes can be disabled; a node of another graph is refused.
+TEST_F(GraphTest, ADisabledNodeIsAnEmptyNodeUntilEnabledAgain) {
+  constexpr size_t kBytes = 4096;
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_CU(cuMemAlloc(&a, kBytes));
+  ASSERT_CU(cuMemAlloc(&b, kBytes));
+  ASSERT_CU(cuMemsetD8(a, 3, kBytes));
+  SetThenCopy g;
+  g.capture(s_, a, 9, kBytes, b, a, kBytes);
+  unsigned enabled = 7;
+  ASSERT_CU(cuGraphNodeGetEnabled(g.exec, g.nodes[0], &enabled));
+  EXPECT_EQ(1u, enabled);
+  ASSERT_CU(cuGraphNodeSetEnabled(g.exec, g.nodes[0], 0));
+  ASSERT_CU(cuGraphNodeGetEnabled(g.exec, g.nodes[0], &enabled));
+  EXPECT_EQ(0u, enabled);
+  ASSERT_CU(cuGraphLaunch(g.exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  const auto* got = reinterpret_cast<const uint8_t*>(b);
+  EXPECT_EQ(3, got[0]) << "the memset ran while disabled";
+  EXPECT_EQ(3, got[kBytes - 1]) << "the copy after it did not run";
+  ASSERT_CU(cuGraphNodeSetEnabled(g.exec, g.nodes[0], 1));
+  ASSERT_CU(cuGraphLaunch(g.exec, s_));
+  ASSERT_CU(cuStreamSynchronize(s_));
+  EXPECT_EQ(9, got[0]);
+  EXPECT_EQ(9, got[kBytes - 1]);
+
+  // Another kind of node, and a node the executable was not made from.
+  CUgraph other = nullptr;
+  ASSERT_CU(cuGraphCreate(&other, 0));
+  CUgraphNode empty = nullptr;
+  ASSERT_CU(cuGraphAddEmptyNode(&empty, other, nullptr, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphNodeSetEnabled(g.exec, empty, 0));
+  CUgraphExec empty_exec = nullptr;
+  ASSERT_CU(cuGraphInstantiate(&empty_exec, other, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphNodeSetEnabled(empty_exec, empty, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_VALUE, cuGraphNodeGetEnabled(empty_exec, empty, &enabled));
+  ASSERT_CU(cuGraphExecDestroy(empty_exec));
+  ASSERT_CU(cuGraphDestroy(other));
+  g.destroy();
+  ASSERT_CU(cuMemFree(a));
+  ASSERT_CU(cuMemFree(b));
+}
+
 TEST_F(GraphTest, ANodeGivenNewParametersKeepsItsDependents) {
   constexpr size_t kBytes = 4096;
   CUdeviceptr a = 0, b = 0;
