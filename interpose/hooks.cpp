@@ -561,12 +561,14 @@ struct ExecUpdate<R (*)(E, G, Rest...)> {
   R operator()(E exec, G graph, Rest... rest) const {
     if (!handle()) return real(exec, graph, rest...);
     Scope scope;
-    const R rc = real(exec, graph, rest...);
-    if (rc == R{}) {
-      intercept::exec_changed(call, reinterpret_cast<CUgraphExec>(exec),
-                              reinterpret_cast<CUgraph>(graph));
-    }
-    return rc;
+    const auto cu_exec = reinterpret_cast<CUgraphExec>(exec);
+    const auto cu_graph = reinterpret_cast<CUgraph>(graph);
+    intercept::Scanned scanned(cu_graph);
+    const CUgraph instead = intercept::update_source(call, cu_exec, cu_graph, &scanned);
+    const R rc = real(exec, reinterpret_cast<G>(instead), rest...);
+    const CUresult after =
+        intercept::exec_updated(call, cu_exec, cu_graph, instead, rc == R{}, &scanned);
+    return rc == R{} && after != CUDA_SUCCESS ? to_status<R>(after) : rc;
   }
 };
 

@@ -961,13 +961,59 @@ void exec_facts_changed(const Call& call, CUgraphExec exec, const ExecFacts& fac
 
 }  // namespace
 
+CUgraph update_source(const Call& call, CUgraphExec exec, CUgraph graph, Scanned* scanned) {
+  const Driver* driver = load_driver(nullptr);
+  if (driver == nullptr || graph == nullptr || !inside::rewritten(exec)) return graph;
+  GraphScan apart;
+  const GraphScan& scan = scan_once(*driver, graph, scanned, /*with_nodes=*/true, &apart);
+  std::string why;
+  const CUgraph instead = inside::update_source(exec, graph, scan, &why);
+  if (instead == nullptr && !why.empty()) {
+    log().warn("inside one graph: graph {} cannot be updated from graph {} with its windows: {}",
+               hex(reinterpret_cast<uintptr_t>(exec)), hex(reinterpret_cast<uintptr_t>(graph)),
+               why);
+    if (trace::enabled()) {
+      record(trace::Event::notice, call)
+          .add("message", "graph " + hex(reinterpret_cast<uintptr_t>(exec)) +
+                              " cannot be updated with its windows: " + why)
+          .emit();
+    }
+  }
+  return instead != nullptr ? instead : graph;
+}
+
+CUresult exec_updated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead, bool made,
+                      Scanned* scanned) {
+  if (instead == graph) {
+    if (made) exec_changed(call, exec, graph);
+    return CUDA_SUCCESS;
+  }
+  std::string why;
+  const CUresult rc = inside::updated(exec, instead, made, &why);
+  if (!made) return CUDA_SUCCESS;
+  // The executable runs the program's graph's nodes, with the windows' beside them.
+  const ExecFacts facts = scan_into_facts(exec, graph, scanned);
+  {
+    std::lock_guard<std::mutex> lock(tables().mutex);
+    tables().execs[exec] = facts;
+  }
+  exec_facts_changed(call, exec, facts);
+  if (rc != CUDA_SUCCESS) {
+    log().error("{}: {}; the call returns {}", call.symbol, why, cuda_error_name(rc));
+    if (trace::enabled()) {
+      record(trace::Event::error, call).add("code", cuda_error_name(rc)).add("message", why).emit();
+    }
+  }
+  return rc;
+}
+
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph) {
   Tables& t = tables();
-  // A rewritten graph updated from another graph (the driver allows it only where the nodes
-  // match) no longer runs the windows its executor follows: its slots come back and return to
-  // residency before its next launch (launches in flight keep the graph they started with). One
-  // whose node changed keeps its windows, with nothing unmapped any more (exec_node_changing,
-  // before the change).
+  // A rewritten graph updated from another graph without its windows (update_source could not
+  // add them) no longer runs the windows its executor follows: its slots come back and return
+  // to residency before its next launch (launches in flight keep the graph they started with).
+  // One whose node changed keeps its windows, with its copies off and nothing unmapped any more
+  // (exec_node_changing, before the change).
   if (graph) inside::exec_destroyed(exec);
   ExecFacts facts;
   if (graph) {

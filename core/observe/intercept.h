@@ -132,6 +132,15 @@ void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph ins
 // An executable graph was changed: updated from `graph` (rescanned), or, with no graph, one of
 // its nodes was given new parameters (from then on it counts as using every slot).
 void exec_changed(const Call& call, CUgraphExec exec, std::optional<CUgraph> graph);
+// Before the real cudaGraphExecUpdate of `exec` from `graph`: the graph to update from instead
+// (an executable made from a rewritten copy: `graph` with its windows added, inside::
+// update_source), or `graph`. The hook makes one Scanned per update, naming `graph`.
+CUgraph update_source(const Call& call, CUgraphExec exec, CUgraph graph, Scanned* scanned);
+// After it (`made`: the driver updated it from `instead`, what update_source gave): the
+// executable's facts are `graph`'s. CUDA_SUCCESS, or the error the call returns instead of
+// success (logged and traced): the windows' copies were off and could not be turned off again.
+CUresult exec_updated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead, bool made,
+                      Scanned* scanned);
 // Before the real cudaGraphExec*NodeSetParams: the node to name (the program names a node of
 // the captured graph; an executable made from a rewritten copy has its counterpart there). A
 // rewritten executable's slots come back to the device first and are unmapped no more

@@ -51,6 +51,32 @@ struct Lent {
   size_t next = 0;  // the launch being carried out: the next step
 };
 
+// Each of `picked`'s positions in `scan.order`: the nodes that use it, in order.
+std::vector<std::vector<size_t>> uses_of(const GraphScan& scan, const std::vector<Slot*>& picked) {
+  std::unordered_map<uintptr_t, size_t> index;
+  for (size_t i = 0; i < picked.size(); ++i) index[static_cast<uintptr_t>(picked[i]->va)] = i;
+  std::vector<std::vector<size_t>> uses(picked.size());
+  for (size_t p = 0; p < scan.order.size(); ++p) {
+    for (uintptr_t base : scan.order[p].bases) {
+      auto it = index.find(base);
+      if (it != index.end()) uses[it->second].push_back(p);
+    }
+  }
+  return uses;
+}
+
+// What a rewritten copy was made of, to make the same windows in another graph (the program's
+// cudaGraphExecUpdate): the choice, the slots (candidates) with their host copies, the flags, and
+// where the graph used each candidate.
+struct Recipe {
+  windows::Choice choice;
+  std::vector<RewriteSlot> slots;
+  std::vector<WindowFlags> flags;
+  std::vector<Slot*> picked;
+  std::vector<std::vector<size_t>> uses;
+  size_t nodes = 0;
+};
+
 // An executable made from a rewritten graph.
 struct Rewritten {
   CUgraphExec exec = nullptr;
@@ -58,6 +84,11 @@ struct Rewritten {
   // graph when it changes one in the executable, and its node in the copy is found through it.
   CUgraph clone = nullptr;
   WindowCopies copies;  // the windows' D2H and H2D nodes, in `clone`
+  Recipe recipe;
+  // An update's source in the making (update_source), and its copies: `clone` and `copies` once
+  // the update has been made.
+  CUgraph updating = nullptr;
+  WindowCopies updating_copies;
   // The program changed a node: what it uses may have changed, so nothing is unmapped any more
   // and the windows' copies are disabled in the executable (every slot stays on the device, its
   // data there; the windows still signal, and the executor still follows them). A copy left on
@@ -168,12 +199,25 @@ class Inside {
                   const std::function<bool(const Slot*)>& shared, std::string* why);
   void instantiated(CUgraph rewritten, CUgraphExec exec);
   std::vector<Slot*> lent_to(CUgraphExec exec);
+  bool rewritten(CUgraphExec exec) {
+    if (!any_.load(std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return graphs_.count(exec) != 0;
+  }
   CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message);
   void launch_returned(CUgraphExec exec, CUstream stream, bool enqueued);
   void used_elsewhere(const std::vector<Slot*>& slots, CUstream stream);
   std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::string* message);
   void exec_destroyed(CUgraphExec exec);
   CUresult node_changing(CUgraphExec exec, std::string* message);
+  CUgraph update_source(CUgraphExec exec, CUgraph graph, const GraphScan& scan, std::string* why);
+  CUresult updated(CUgraphExec exec, CUgraph source, bool made, std::string* message);
+  // Waits until g's launches have finished (finished_locked), then brings every lent slot of it
+  // that is off the device back with its data; `when`: what is about to happen to it.
+  void all_back_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* when);
+  // Disables `copies` (nodes of g's clone, or of an update's source) in g's executable, restores
+  // first; CUDA_SUCCESS, or the error that left a restore's copy on, with `message`.
+  CUresult copies_off(Rewritten& g, const WindowCopies& copies, std::string* message);
   CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
   void forget(Slot* slot);
   uint64_t unmapped_reserve(int device) {
@@ -334,17 +378,11 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     }
   }
   if (picked.empty()) return nullptr;
-  std::unordered_map<uintptr_t, size_t> index;
+  std::vector<std::vector<size_t>> uses = uses_of(scan, picked);
   std::vector<windows::Candidate> candidates(picked.size());
   for (size_t i = 0; i < picked.size(); ++i) {
-    index[static_cast<uintptr_t>(picked[i]->va)] = i;
     candidates[i].bytes = picked[i]->mapped_bytes;
-  }
-  for (size_t p = 0; p < scan.order.size(); ++p) {
-    for (uintptr_t base : scan.order[p].bases) {
-      auto it = index.find(base);
-      if (it != index.end()) candidates[it->second].uses.push_back(p);
-    }
+    candidates[i].uses = uses[i];
   }
   windows::Settings ws;
   ws.lead = s.lead;
@@ -565,6 +603,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
       return owner_.count(lent.slot) != 0;
     });
     if (!taken) {
+      g->recipe = Recipe{choice, rslots, wflags, picked, std::move(uses), scan.order.size()};
       for (const Lent& lent : g->slots) owner_[lent.slot] = g.get();
       any_.store(true, std::memory_order_release);
       prepared_[rewritten] = std::move(g);
@@ -1343,6 +1382,47 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   drv().cuMemFreeHost(flags);
 }
 
+void Inside::all_back_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* when) {
+  if (!quiet_locked(lock, g, /*drain=*/false)) {
+    still_moving("graph " + hex(reinterpret_cast<uintptr_t>(g.exec)), when);
+  }
+  finished_locked(lock, g, (std::string("before ") + when).c_str());
+  const CUstream stream = stream_locked(g);
+  unlocked(lock, g, [&] {
+    for (Lent& lent : g.slots) {
+      if (!lent.gone && g.lent && !lent.mapped) bring_back(g, lent, stream);
+    }
+  });
+}
+
+CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::string* message) {
+  // No launch is in flight (finished_locked): the copies go off for every launch from now on.
+  // Restores first: a D2H left on only copies data that stays on the device, an H2D left on
+  // would put back what a changed node may have written since its D2H.
+  const Driver& driver = drv();
+  for (const CUgraphNode node : copies.h2d) {
+    const CUresult rc = driver.cuGraphNodeSetEnabled(g.exec, node, 0);
+    if (rc != CUDA_SUCCESS) {
+      g.copies_left_on = rc;
+      *message = cuda_failure("cuGraphNodeSetEnabled", rc,
+                              "a restore's copy in rewritten graph " +
+                                  hex(reinterpret_cast<uintptr_t>(g.exec))) +
+                 ": the program's change would be undone by it, and is refused";
+      log().error("inside one graph: {}", *message);
+      return rc;
+    }
+  }
+  for (const CUgraphNode node : copies.d2h) {
+    const CUresult rc = driver.cuGraphNodeSetEnabled(g.exec, node, 0);
+    if (rc != CUDA_SUCCESS) {
+      log().warn("inside one graph: {} (it copies data that stays on the device)",
+                 cuda_failure("cuGraphNodeSetEnabled", rc, "a release's copy"));
+    }
+  }
+  g.copies_left_on = CUDA_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
 CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
   if (!any_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -1350,48 +1430,116 @@ CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
   if (g.disabled) return g.copies_left_on;
-  if (!quiet_locked(lock, g, /*drain=*/false)) {
-    still_moving("graph " + hex(reinterpret_cast<uintptr_t>(exec)), "a node of it was changed");
-  }
-  finished_locked(lock, g, "before a node of it was changed");
-  const CUstream stream = stream_locked(g);
-  unlocked(lock, g, [&] {
-    for (Lent& lent : g.slots) {
-      if (!lent.gone && g.lent && !lent.mapped) bring_back(g, lent, stream);
-    }
-  });
+  all_back_locked(lock, g, "a node of it was changed");
   for (Lent& lent : g.slots) lent.kept = true;
   g.disabled = true;
   note_held_locked();
-  // No launch is in flight (finished_locked): the copies go off for every launch from now on.
-  // Restores first: a D2H left on only copies data that stays on the device, an H2D left on
-  // would put back what a changed node may have written since its D2H.
-  const Driver& driver = drv();
-  for (const CUgraphNode node : g.copies.h2d) {
-    const CUresult rc = driver.cuGraphNodeSetEnabled(exec, node, 0);
-    if (rc != CUDA_SUCCESS) {
-      g.copies_left_on = rc;
-      *message = cuda_failure("cuGraphNodeSetEnabled", rc,
-                              "a restore's copy in rewritten graph " +
-                                  hex(reinterpret_cast<uintptr_t>(exec))) +
-                 ": the program's change would be undone by it, and is refused";
-      log().error("inside one graph: {}", *message);
-      return rc;
-    }
-  }
-  for (const CUgraphNode node : g.copies.d2h) {
-    const CUresult rc = driver.cuGraphNodeSetEnabled(exec, node, 0);
-    if (rc != CUDA_SUCCESS) {
-      log().warn("inside one graph: {} (it copies data that stays on the device)",
-                 cuda_failure("cuGraphNodeSetEnabled", rc, "a release's copy"));
-    }
-  }
-  g.copies_left_on = CUDA_SUCCESS;
+  if (const CUresult rc = copies_off(g, g.copies, message); rc != CUDA_SUCCESS) return rc;
   log().info(
       "inside one graph: a node of graph {} is changed: its slots stay on the device from "
       "now on (its windows' copies are off, and nothing is unmapped)",
       hex(reinterpret_cast<uintptr_t>(exec)));
   return CUDA_SUCCESS;
+}
+
+CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& scan,
+                              std::string* why) {
+  if (!any_.load(std::memory_order_acquire)) return nullptr;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = graphs_.find(exec);
+  if (it == graphs_.end()) return nullptr;
+  Rewritten& g = *it->second;
+  if (g.updating != nullptr) {
+    *why = "another thread updates it";
+    return nullptr;
+  }
+  if (!scan.ordered || scan.order.size() != g.recipe.nodes) {
+    *why = "the new graph's nodes are not those of the graph it was made from";
+    return nullptr;
+  }
+  const bool gone =
+      std::any_of(g.slots.begin(), g.slots.end(), [](const Lent& l) { return l.gone; });
+  if (gone) {
+    *why = "a slot of its windows was freed";
+    return nullptr;
+  }
+  // Launches in flight keep the nodes they started with, and their windows are followed to the
+  // end. Where the new graph uses the lent slots at the same positions, nothing else changes; where
+  // not (or where it cannot be read in full), it is as a changed node: nothing unmapped any more,
+  // the windows' copies off (node_changing), before the update and again after it.
+  const bool same = scan.opaque_kernels == 0 && scan.unscanned_nodes == 0 &&
+                    uses_of(scan, g.recipe.picked) == g.recipe.uses;
+  if (!same) {
+    lock.unlock();
+    std::string message;
+    if (node_changing(exec, &message) != CUDA_SUCCESS) {
+      *why = message;
+      return nullptr;
+    }
+    lock.lock();
+  } else {
+    // The copy's nodes name the slots, which the driver checks: those off the device come back
+    // with their data (the next launch hands it over and unmaps them again, as after other
+    // work that used them).
+    all_back_locked(lock, g, "it was updated");
+  }
+  // Found again: the waits above released the lock.
+  it = graphs_.find(exec);
+  if (it == graphs_.end() || it->second->updating != nullptr) return nullptr;
+  it->second->updating = graph;  // claimed: the copy is made without the lock
+  const Recipe recipe = it->second->recipe;
+  const CUcontext context = it->second->context;
+  const bool lent = it->second->lent;  // else residency still has the slots
+  lock.unlock();
+  auto with_pages = [&recipe, lent](size_t candidate, const std::function<void()>& add) {
+    if (lent) return add();  // mapped by the executor, which maps nothing away while idle
+    residency::with_pages({recipe.picked[candidate]}, add);
+  };
+  CUgraph source = nullptr;
+  WindowCopies copies;
+  try {
+    source = rewrite_graph(drv(), graph, scan.order, recipe.choice, recipe.slots, recipe.flags,
+                           context, with_pages, &copies);
+  } catch (const Error& e) {
+    *why = e.what();
+  }
+  lock.lock();
+  it = graphs_.find(exec);
+  if (it == graphs_.end()) {  // destroyed meanwhile: the program's update fails on its own
+    if (source != nullptr) drv().cuGraphDestroy(source);
+    return nullptr;
+  }
+  it->second->updating = source;
+  it->second->updating_copies = copies;
+  log().info("inside one graph: graph {} is updated from graph {} with its windows added ({})",
+             hex(reinterpret_cast<uintptr_t>(exec)), hex(reinterpret_cast<uintptr_t>(graph)),
+             same ? "the slots are used where they were: the windows go on"
+                  : "the slots are used elsewhere: their copies are off");
+  return source;
+}
+
+CUresult Inside::updated(CUgraphExec exec, CUgraph source, bool made, std::string* message) {
+  CUgraph drop = source;
+  CUresult rc = CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = graphs_.find(exec);
+    if (it != graphs_.end() && it->second->updating == source) {
+      Rewritten& g = *it->second;
+      g.updating = nullptr;
+      if (made) {
+        // The executable's nodes are the source's now: node_in and the copies name them.
+        drop = g.clone;
+        g.clone = source;
+        g.copies = g.updating_copies;
+        // Whatever state an update gives the copies: off again where they were off.
+        if (g.disabled) rc = copies_off(g, g.copies, message);
+      }
+      g.updating_copies = {};
+    }
+  }
+  if (drop != nullptr) drv().cuGraphDestroy(drop);
+  return rc;
 }
 
 CUgraphNode Inside::node_in(CUgraphExec exec, CUgraphNode node) {
@@ -1499,6 +1647,7 @@ CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& 
 }
 void instantiated(CUgraph rewritten, CUgraphExec exec) { the().instantiated(rewritten, exec); }
 std::vector<Slot*> lent_to(CUgraphExec exec) { return the().lent_to(exec); }
+bool rewritten(CUgraphExec exec) { return the().rewritten(exec); }
 CUresult before_launch(CUgraphExec exec, CUstream stream, std::string* message) {
   return the().before_launch(exec, stream, message);
 }
@@ -1511,6 +1660,12 @@ std::vector<Slot*> present(const std::vector<Slot*>& slots, CUresult* rc, std::s
 void exec_destroyed(CUgraphExec exec) { the().exec_destroyed(exec); }
 CUresult node_changing(CUgraphExec exec, std::string* message) {
   return the().node_changing(exec, message);
+}
+CUgraph update_source(CUgraphExec exec, CUgraph graph, const GraphScan& scan, std::string* why) {
+  return the().update_source(exec, graph, scan, why);
+}
+CUresult updated(CUgraphExec exec, CUgraph source, bool made, std::string* message) {
+  return the().updated(exec, source, made, message);
 }
 CUgraphNode node_in(CUgraphExec exec, CUgraphNode node) { return the().node_in(exec, node); }
 void forget(Slot* slot) { the().forget(slot); }

@@ -90,6 +90,22 @@ void exec_destroyed(CUgraphExec exec);
 // windows still signal and are still followed. An error, with `message`, when a restore's copy
 // could not be disabled: the change must not be made then.
 CUresult node_changing(CUgraphExec exec, std::string* message);
+// Whether `exec` was made from a rewritten copy (and is not destroyed).
+bool rewritten(CUgraphExec exec);
+// The program updates `exec` from `graph` (cudaGraphExecUpdate; `scan`: its scan, with nodes),
+// which the driver refuses for an executable made from a rewritten copy (the copy has nodes the
+// program's graph does not). For such an executable: `graph` with the same windows added (the
+// same flags and host copies), to update from instead; nullptr for any other (or, with `why`,
+// where `graph` does not have the nodes `exec` was made from: the driver then says what it
+// says). Launches in flight finish first. Where `graph` uses the lent slots at other positions
+// than the graph `exec` was made from, it is as a changed node (node_changing): nothing is
+// unmapped any more and the windows' copies are off.
+CUgraph update_source(CUgraphExec exec, CUgraph graph, const GraphScan& scan, std::string* why);
+// After the real update from what update_source gave (`made`: it succeeded): the executable's
+// nodes are the source's from then on (the source is kept, the old copy destroyed), or the source
+// is destroyed. An error, with `message`, where the windows' copies were off and cannot be
+// turned off again in the updated executable.
+CUresult updated(CUgraphExec exec, CUgraph source, bool made, std::string* message);
 // The node of `exec` the program names (a node of the captured graph): its counterpart in the
 // rewritten copy the executable was made from; `node` itself for any other executable.
 CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);

@@ -134,10 +134,12 @@ struct Options {
   bool whole = false;        // --graph whole: one graph per step
   int set_params_step = -1;  // --graph whole: -1: never
   int retarget_step = -1;    // --graph whole: -1: never
-  int extra_mib = 0;         // 0: none
-  int eager_mib = 0;         // 0: none
-  uint32_t work = 0;         // rounds of mixing per element in the layer kernels
-  long limit_mib = 0;        // 0: the whole device
+  int update_step = -1;      // --graph whole: -1: never
+  bool update_retarget = false;
+  int extra_mib = 0;   // 0: none
+  int eager_mib = 0;   // 0: none
+  uint32_t work = 0;   // rounds of mixing per element in the layer kernels
+  long limit_mib = 0;  // 0: the whole device
   const char* out = nullptr;
 };
 
@@ -148,8 +150,8 @@ void usage(FILE* to) {
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
       "                    [--graph layers|whole] [--set-params-step N]\n"
-      "                    [--retarget-step N] [--work N] [--eager-mib N] [--out FILE]\n"
-      "                    [--quiet]\n"
+      "                    [--retarget-step N] [--update-step N [--update-retarget]]\n"
+      "                    [--work N] [--eager-mib N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
       "  is the same on a GPU and on vaswap's simulated device.\n"
@@ -200,6 +202,11 @@ void usage(FILE* to) {
       "                  graph then writes a buffer that the graph otherwise leaves alone\n"
       "                  between the first layer's forward and backward; the checksum\n"
       "                  changes (the same with and without vaswap)\n"
+      "  --update-step N  with --graph whole: before step N, update the executable from a\n"
+      "                  copy of the captured graph (cudaGraphExecUpdate); the checksum is\n"
+      "                  the same. With --update-retarget, the copy's last forward kernel\n"
+      "                  node writes the first layer's activation, as --retarget-step makes\n"
+      "                  the executable's (the checksum is --retarget-step's)\n"
       "  --work N        N rounds of integer mixing per element in each layer's forward and\n"
       "                  backward kernel (default 0): device time for the copies to hide\n"
       "                  behind, as a real layer's compute gives (on the H200, --work 2000\n"
@@ -242,6 +249,8 @@ Options parse(int argc, char** argv) {
                                  {"graph", required_argument, nullptr, 'g'},
                                  {"set-params-step", required_argument, nullptr, 'k'},
                                  {"retarget-step", required_argument, nullptr, 'R'},
+                                 {"update-step", required_argument, nullptr, 'U'},
+                                 {"update-retarget", no_argument, nullptr, 'T'},
                                  {"work", required_argument, nullptr, 'W'},
                                  {"eager-mib", required_argument, nullptr, 'E'},
                                  {nullptr, 0, nullptr, 0}};
@@ -298,6 +307,11 @@ Options parse(int argc, char** argv) {
         ok = parse_number(optarg, 0, 1000000, &v);
         o.retarget_step = static_cast<int>(v);
         break;
+      case 'U':
+        ok = parse_number(optarg, 0, 1000000, &v);
+        o.update_step = static_cast<int>(v);
+        break;
+      case 'T': o.update_retarget = true; break;
       case 'g':
         if (std::strcmp(optarg, "whole") == 0) {
           o.whole = true;
@@ -347,12 +361,17 @@ Options parse(int argc, char** argv) {
                  o.devices);
     std::exit(2);
   }
-  if ((o.set_params_step >= 0 || o.retarget_step >= 0) && !o.whole) {
+  if ((o.set_params_step >= 0 || o.retarget_step >= 0 || o.update_step >= 0) && !o.whole) {
     std::fprintf(stderr,
-                 "train_layers: --set-params-step and --retarget-step need --graph whole\n");
+                 "train_layers: --set-params-step, --retarget-step and --update-step need --graph "
+                 "whole\n");
     std::exit(2);
   }
-  if (o.retarget_step >= 0 && o.layers < 2) {
+  if (o.update_retarget && o.update_step < 0) {
+    std::fprintf(stderr, "train_layers: --update-retarget needs --update-step\n");
+    std::exit(2);
+  }
+  if ((o.retarget_step >= 0 || o.update_retarget) && o.layers < 2) {
     std::fprintf(stderr, "train_layers: --retarget-step needs two layers or more\n");
     std::exit(2);
   }
@@ -708,16 +727,32 @@ int main(int argc, char** argv) {
       CHECK(cudaGraphNodeGetEnabled(whole, whole_kernel, &enabled));
       CHECK(cudaGraphNodeSetEnabled(whole, whole_kernel, enabled));
     }
+    if ((step == o.retarget_step || (step == o.update_step && o.update_retarget)) &&
+        last_forward == nullptr) {
+      std::fprintf(stderr, "train_layers: the last layer's forward kernel node was not found\n");
+      std::exit(1);
+    }
+    void* retargeted[] = {&last.x, &last.w, &first.act, &last.y, &n, &work};
     if (step == o.retarget_step) {
-      if (last_forward == nullptr) {
-        std::fprintf(stderr, "train_layers: the last layer's forward kernel node was not found\n");
-        std::exit(1);
-      }
       cudaKernelNodeParams p{};
       CHECK(cudaGraphKernelNodeGetParams(last_forward, &p));
-      void* args[] = {&last.x, &last.w, &first.act, &last.y, &n, &work};
-      p.kernelParams = args;
+      p.kernelParams = retargeted;
       CHECK(cudaGraphExecKernelNodeSetParams(whole, last_forward, &p));
+    }
+    if (step == o.update_step) {
+      cudaGraph_t copy = nullptr;
+      CHECK(cudaGraphClone(&copy, whole_graph));
+      if (o.update_retarget) {
+        cudaGraphNode_t node = nullptr;
+        CHECK(cudaGraphNodeFindInClone(&node, last_forward, copy));
+        cudaKernelNodeParams p{};
+        CHECK(cudaGraphKernelNodeGetParams(node, &p));
+        p.kernelParams = retargeted;
+        CHECK(cudaGraphKernelNodeSetParams(node, &p));
+      }
+      cudaGraphExecUpdateResultInfo info{};
+      CHECK(cudaGraphExecUpdate(whole, copy, &info));
+      CHECK(cudaGraphDestroy(copy));
     }
     if (o.whole) CHECK(cudaGraphLaunch(whole, s));
     if (!o.whole) forward();

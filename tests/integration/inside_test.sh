@@ -23,6 +23,9 @@
 #      A node of it changed by the program: its windows' copies go off in the executable
 #      (cuGraphNodeSetEnabled), so a node changed to write a slot inside its window keeps what
 #      it wrote (--retarget-step); a copy that cannot be disabled refuses the change, named.
+#      cudaGraphExecUpdate of it from a graph with the captured graph's nodes: updated from that
+#      graph with the same windows added (the driver refuses the graph as given); where the
+#      slots are used where they were, the windows go on, else their copies go off.
 #   5. A map that fails once (out of memory) is retried: same checksum. A map that hangs in the
 #      driver past residency.wait_limit ends the process with exit status 70 and names it.
 #   6. Each stream creation of the run failing in turn: the checksum, or the failed call named;
@@ -199,6 +202,36 @@ grep -q "cuGraphNodeSetEnabled failed with CUDA_ERROR_UNKNOWN.* is refused" "$tm
 grep -q "cudaGraphExecKernelNodeSetParams.*failed" "$tmp/err" ||
   fail "retarget_refused: the program did not get the error: $(tail -3 "$tmp/err")"
 echo "ok   retarget: a node changed to write inside a window: the copies go off, $got; refused and named when they cannot"
+
+# The program updates the rewritten executable (cudaGraphExecUpdate) from a copy of its captured
+# graph, which the driver refuses as given (the executable has the windows' nodes too): vaswap
+# updates it from that graph with the same windows added. Used where it was, the windows go on
+# (releases after the update); retargeted as above, the copies go off and nothing is unmapped.
+for kind in same retarget; do
+  args=(--update-step 5)
+  expect=$want
+  if [[ $kind == retarget ]]; then
+    args+=(--update-retarget)
+    expect=$retarget
+  fi
+  plain=$("$demo" --quiet --steps 20 --graph whole "${args[@]}")
+  [[ "$plain" == "$expect" ]] || fail "update_$kind: '$plain' without vaswap, expected '$expect'"
+  got=$(VASWAP_CONF="$base,inside.mode=on,log.level=info" \
+      run --trace "$tmp/update_$kind.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+      "${args[@]}" 2>"$tmp/err") || fail "update_$kind: the demo failed under vaswap: $(tail -3 "$tmp/err")"
+  [[ "$got" == "$expect" ]] || fail "update_$kind: checksum '$got', without vaswap '$expect'"
+  grep -q "is updated from graph .* with its windows added" "$tmp/err" ||
+    fail "update_$kind: the update was not seen"
+done
+check update_same '
+after = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[6]]
+assert s["inside_launches"] == 20 and len(after) > 0, (s, len(after))  # the windows go on
+'
+check update_retarget '
+after = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[6]]
+assert s["inside_launches"] == 20 and not after, (s, len(after))  # nothing unmapped after
+'
+echo "ok   update: from the captured graph the windows go on; retargeted, their copies go off; checksums as without vaswap"
 
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2

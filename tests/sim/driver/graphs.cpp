@@ -326,6 +326,20 @@ static CUresult change_node(CUgraphNode hn, const Node& changed) {
   return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hn, const CUDA_KERNEL_NODE_PARAMS* p) {
+  SIM_ENTER();
+  Node* n = lookup_node(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  std::unique_ptr<Node> changed;
+  SIM_TRY(kernel_node_of(p, &changed));
+  n->function = changed->function;
+  n->dims = changed->dims;
+  n->args = std::move(changed->args);
+  n->via_extra = changed->via_extra;
+  rebind_kernel_args(n);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode hn, const CUDA_MEMCPY3D* copy) {
   SIM_ENTER();
   if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;

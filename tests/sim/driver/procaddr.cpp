@@ -301,6 +301,7 @@ const Entry kEntries[] = {
     E("cuGraphKernelNodeGetParams", 12000, cuGraphKernelNodeGetParams_v2),
     E("cuGraphMemcpyNodeGetParams", 10000, cuGraphMemcpyNodeGetParams),
     E("cuGraphMemsetNodeGetParams", 10000, cuGraphMemsetNodeGetParams),
+    E("cuGraphKernelNodeSetParams", 12000, cuGraphKernelNodeSetParams_v2),
     E("cuGraphMemcpyNodeSetParams", 10000, cuGraphMemcpyNodeSetParams),
     E("cuGraphMemsetNodeSetParams", 10000, cuGraphMemsetNodeSetParams),
     E("cuGraphHostNodeGetParams", 10000, cuGraphHostNodeGetParams),

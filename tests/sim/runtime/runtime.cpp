@@ -81,7 +81,8 @@ cudaError_t note(CUresult rc) { return note(to_runtime(rc)); }
   X(cuMemcpyPeerAsync) X(cuCtxGetCurrent) X(cuMemcpyBatchAsync) X(cuDeviceCanAccessPeer)          \
   X(cuCtxEnablePeerAccess) X(cuMemcpy3DPeer) X(cuMemcpy3DPeerAsync) X(cuGraphAddMemcpyNode)    \
   X(cuGraphAddMemsetNode) X(cuGraphMemcpyNodeSetParams) X(cuGraphMemsetNodeSetParams)          \
-  X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled)
+  X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled) X(cuGraphKernelNodeSetParams) X(cuGraphClone) \
+  X(cuGraphNodeFindInClone)
 // clang-format on
 
 struct Driver {
@@ -947,6 +948,23 @@ SIM_API cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t e, cudaGrap
   CUDA_KERNEL_NODE_PARAMS k{};
   if (cudaError_t err = kernel_node_params(p, &k)) return note(err);
   return note(drv().cuGraphExecKernelNodeSetParams(cu(e), cu(node), &k));
+}
+SIM_API cudaError_t cudaGraphKernelNodeSetParams(cudaGraphNode_t node,
+                                                 const cudaKernelNodeParams* p) {
+  RT_ENTER();
+  CUDA_KERNEL_NODE_PARAMS k{};
+  if (cudaError_t err = kernel_node_params(p, &k)) return note(err);
+  return note(drv().cuGraphKernelNodeSetParams(cu(node), &k));
+}
+SIM_API cudaError_t cudaGraphClone(cudaGraph_t* out, cudaGraph_t original) {
+  RT_ENTER();
+  return note(drv().cuGraphClone(reinterpret_cast<CUgraph*>(out), cu(original)));
+}
+SIM_API cudaError_t cudaGraphNodeFindInClone(cudaGraphNode_t* out, cudaGraphNode_t original,
+                                             cudaGraph_t clone) {
+  RT_ENTER();
+  return note(
+      drv().cuGraphNodeFindInClone(reinterpret_cast<CUgraphNode*>(out), cu(original), cu(clone)));
 }
 SIM_API cudaError_t cudaGraphNodeSetEnabled(cudaGraphExec_t e, cudaGraphNode_t node,
                                             unsigned int enabled) {
