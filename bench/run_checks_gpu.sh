@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The correctness checks a library change needs on a GPU, in one call (each writes a file under
+# OUT/c): what the driver checks on unmapped addresses (launch_unmapped), the copy forms probe
+# with and without vaswap, the slot suite, the stress probes under eviction, and the whole-graph
+# demo with a node changed to write inside a window (--retarget-step), with a node's parameters
+# and enabled state set again (--set-params-step), and updated from a copy of its captured graph
+# (--update-step, and retargeted so), with and without vaswap.
+# Run from the repository root after
+#   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
+#     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda
+# Usage: OUT=DIR bash bench/run_checks_gpu.sh
+set -uo pipefail
+out=${OUT:?OUT names the folder for the results}/c
+mkdir -p "$out"
+lib=build/gpu/lib/libvaswap.so
+bin=build/gpu/bin
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
+
+{
+  "$bin/launch_unmapped_cuda"
+  echo "rc=$?"
+} >"$out/launch_unmapped.txt" 2>&1
+
+{
+  echo "== without vaswap"
+  "$bin/copy_forms_probe_cuda"
+  echo "rc=$?"
+  echo "== under vaswap, 4 MiB budget"
+  VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB \
+    LD_PRELOAD=$lib "$bin/copy_forms_probe_cuda"
+  echo "rc=$?"
+} >"$out/copy_forms.txt" 2>&1
+
+"$bin/core_tests_cuda" >"$out/core.log" 2>&1
+echo "rc=$?" >>"$out/core.log"
+
+VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=12MiB,residency.wait_limit=30s \
+  PROBES="stress_probe_cuda stress_probe_shared_cuda" \
+  MODES="--nodes --copy2d --jit --default-kind --attributes" ROUNDS=24 RUNS=1 NAME=stress \
+  OUT="$out" bash bench/run_copy_h200.sh "$lib" >"$out/stress.txt" 2>&1
+echo "rc=$?" >>"$out/stress.txt"
+rm -f "$out"/*.tar.gz
+
+{
+  for args in "--retarget-step 5" "--set-params-step 10" "--update-step 5" \
+    "--update-step 5 --update-retarget"; do
+    plain=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)
+    under=$(VASWAP_CONF=selection.min_bytes=1MiB,inside.mode=on,residency.wait_limit=30s \
+      LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)
+    echo "$args: without vaswap: $plain"
+    echo "$args: inside.mode=on: $under"
+    [[ "$plain" == checksum* && "$plain" == "$under" ]] && echo "$args: identical" ||
+      echo "$args: DIFFERENT"
+  done
+} >"$out/node_change.txt" 2>&1
+
+tail -n 3 "$out"/*.txt "$out"/*.log
