@@ -1429,7 +1429,16 @@ CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
-  if (g.disabled) return g.copies_left_on;
+  if (g.disabled) {
+    if (g.copies_left_on != CUDA_SUCCESS) {
+      *message = cuda_failure("cuGraphNodeSetEnabled", g.copies_left_on,
+                              "a restore's copy in rewritten graph " +
+                                  hex(reinterpret_cast<uintptr_t>(exec))) +
+                 " (at an earlier change): the program's change would be undone by it, and is "
+                 "refused";
+    }
+    return g.copies_left_on;
+  }
   all_back_locked(lock, g, "a node of it was changed");
   for (Lent& lent : g.slots) lent.kept = true;
   g.disabled = true;
