@@ -43,7 +43,7 @@ rm -f "$out"/*.tar.gz
 
 {
   for args in "--retarget-step 5" "--set-params-step 10" "--update-step 5" \
-    "--update-step 5 --update-retarget"; do
+    "--update-step 5 --update-retarget" "--update-step 5 --set-params-step 10"; do
     plain=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)
     under=$(VASWAP_CONF=selection.min_bytes=1MiB,inside.mode=on,residency.wait_limit=30s \
       LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)

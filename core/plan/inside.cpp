@@ -85,10 +85,16 @@ struct Rewritten {
   CUgraph clone = nullptr;
   WindowCopies copies;  // the windows' D2H and H2D nodes, in `clone`
   Recipe recipe;
-  // An update's source in the making (update_source), and its copies: `clone` and `copies` once
-  // the update has been made.
+  // An update's source in the making (update_source). The executable's nodes keep the identity
+  // of `clone`'s, which the program's calls (through node_in) and the copies go on naming, as CUDA
+  // asks for an updated executable ("a node from the graph from which graphExec was
+  // instantiated"). A source the driver refused is kept until the next update or the end: the
+  // error node the driver gave the program names one of its nodes.
   CUgraph updating = nullptr;
-  WindowCopies updating_copies;
+  CUgraph refused_source = nullptr;
+  // An update was made whose copies could not be turned off again (copies_off's error): a
+  // restore left on may put back data the updated nodes wrote. Launches are refused with it.
+  CUresult unsafe = CUDA_SUCCESS;
   // The program changed a node: what it uses may have changed, so nothing is unmapped any more
   // and the windows' copies are disabled in the executable (every slot stays on the device, its
   // data there; the windows still signal, and the executor still follows them). A copy left on
@@ -786,6 +792,14 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
+  if (g.unsafe != CUDA_SUCCESS) {
+    *message = cuda_failure("cuGraphNodeSetEnabled", g.unsafe,
+                            "a restore's copy in rewritten graph " +
+                                hex(reinterpret_cast<uintptr_t>(exec))) +
+               " after its update: a launch could put back data from before a window over what "
+               "its updated nodes wrote, and is refused (instantiate the graph again)";
+    return g.unsafe;
+  }
   if (!settle_locked(lock, g)) {
     *message = "the slots of a rewritten graph were still being moved past residency.wait_limit";
     return CUDA_ERROR_LAUNCH_TIMEOUT;
@@ -1519,7 +1533,6 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
     return nullptr;
   }
   it->second->updating = source;
-  it->second->updating_copies = copies;
   log().info("inside one graph: graph {} is updated from graph {} with its windows added ({})",
              hex(reinterpret_cast<uintptr_t>(exec)), hex(reinterpret_cast<uintptr_t>(graph)),
              same ? "the slots are used where they were: the windows go on"
@@ -1536,15 +1549,15 @@ CUresult Inside::updated(CUgraphExec exec, CUgraph source, bool made, std::strin
     if (it != graphs_.end() && it->second->updating == source) {
       Rewritten& g = *it->second;
       g.updating = nullptr;
+      std::swap(drop, g.refused_source);  // the last refused one goes now
       if (made) {
-        // The executable's nodes are the source's now: node_in and the copies name them.
-        drop = g.clone;
-        g.clone = source;
-        g.copies = g.updating_copies;
+        drop = source;  // the executable keeps its own nodes' identity (clone's)
         // Whatever state an update gives the copies: off again where they were off.
         if (g.disabled) rc = copies_off(g, g.copies, message);
+        if (rc != CUDA_SUCCESS) g.unsafe = rc;
+      } else {
+        g.refused_source = source;
       }
-      g.updating_copies = {};
     }
   }
   if (drop != nullptr) drv().cuGraphDestroy(drop);
@@ -1594,6 +1607,7 @@ uint32_t* Inside::free_locked(Rewritten& g) {
   if (g.finished != nullptr) drv().cuEventDestroy(g.finished);
   for (const Rewritten::Other& other : g.others) drv().cuEventDestroy(other.used);
   if (g.clone != nullptr) drv().cuGraphDestroy(g.clone);
+  if (g.refused_source != nullptr) drv().cuGraphDestroy(g.refused_source);
   for (Lent& lent : g.slots) {
     if (lent.handed != nullptr) drv().cuEventDestroy(lent.handed);
     // A slot freed while lent left owner_ already, and its address may serve another graph now.

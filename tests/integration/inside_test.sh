@@ -231,7 +231,13 @@ check update_retarget '
 after = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[6]]
 assert s["inside_launches"] == 20 and not after, (s, len(after))  # nothing unmapped after
 '
-echo "ok   update: from the captured graph the windows go on; retargeted, their copies go off; checksums as without vaswap"
+# After the update the program still names the nodes of the graph it instantiated (a node's new
+# parameters, its enabled state), as CUDA asks: they reach the executable's nodes.
+got=$(VASWAP_CONF="$base,inside.mode=on" run -- "$demo" --quiet --steps 20 --graph whole \
+    --update-step 5 --set-params-step 10 2>"$tmp/err") ||
+  fail "update_then_set: the demo failed under vaswap: $(tail -3 "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "update_then_set: checksum '$got', without vaswap '$want'"
+echo "ok   update: from the captured graph the windows go on; retargeted, their copies go off; a node changed after it; checksums as without vaswap"
 
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2
