@@ -100,6 +100,9 @@ struct Rewritten {
   // data there; the windows still signal, and the executor still follows them). A copy left on
   // would put back a slot's data from before a gap that a changed node now writes in.
   bool disabled = false;
+  // The update in the making uses the slots elsewhere: made, it is as a changed node (disabled);
+  // refused, nothing changed and the windows go on.
+  bool update_disables = false;
   // Why a restore's copy could not be disabled (cuGraphNodeSetEnabled's error): the program's
   // node changes are refused from then on. CUDA_SUCCESS while none failed.
   CUresult copies_left_on = CUDA_SUCCESS;
@@ -224,6 +227,12 @@ class Inside {
   // Disables `copies` (nodes of g's clone, or of an update's source) in g's executable, restores
   // first; CUDA_SUCCESS, or the error that left a restore's copy on, with `message`.
   CUresult copies_off(Rewritten& g, const WindowCopies& copies, std::string* message);
+  // Turns g's windows off for good, as for a changed node: every slot kept on the device, the
+  // copies disabled (copies_off). g's launches have finished and its slots are back.
+  CUresult disable_locked(Rewritten& g, std::string* message);
+  // What a restore's copy that could not be disabled (`rc`) means for g: `outcome` follows
+  // "cuGraphNodeSetEnabled failed ... for a restore's copy in rewritten graph 0x...".
+  static std::string left_on(const Rewritten& g, CUresult rc, const char* outcome);
   CUgraphNode node_in(CUgraphExec exec, CUgraphNode node);
   void forget(Slot* slot);
   uint64_t unmapped_reserve(int device) {
@@ -793,11 +802,10 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
   if (g.unsafe != CUDA_SUCCESS) {
-    *message = cuda_failure("cuGraphNodeSetEnabled", g.unsafe,
-                            "a restore's copy in rewritten graph " +
-                                hex(reinterpret_cast<uintptr_t>(exec))) +
-               " after its update: a launch could put back data from before a window over what "
-               "its updated nodes wrote, and is refused (instantiate the graph again)";
+    *message =
+        left_on(g, g.unsafe,
+                " after its update: a launch could put back data from before a window over "
+                "what its updated nodes wrote, and is refused (instantiate the graph again)");
     return g.unsafe;
   }
   if (!settle_locked(lock, g)) {
@@ -1400,7 +1408,9 @@ void Inside::all_back_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, c
   if (!quiet_locked(lock, g, /*drain=*/false)) {
     still_moving("graph " + hex(reinterpret_cast<uintptr_t>(g.exec)), when);
   }
+  if (g.ended) return;
   finished_locked(lock, g, (std::string("before ") + when).c_str());
+  if (g.ended) return;  // destroyed meanwhile: residency has its slots back
   const CUstream stream = stream_locked(g);
   unlocked(lock, g, [&] {
     for (Lent& lent : g.slots) {
@@ -1418,10 +1428,7 @@ CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::strin
     const CUresult rc = driver.cuGraphNodeSetEnabled(g.exec, node, 0);
     if (rc != CUDA_SUCCESS) {
       g.copies_left_on = rc;
-      *message = cuda_failure("cuGraphNodeSetEnabled", rc,
-                              "a restore's copy in rewritten graph " +
-                                  hex(reinterpret_cast<uintptr_t>(g.exec))) +
-                 ": the program's change would be undone by it, and is refused";
+      *message = left_on(g, rc, ": the program's change would be undone by it, and is refused");
       log().error("inside one graph: {}", *message);
       return rc;
     }
@@ -1437,32 +1444,45 @@ CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::strin
   return CUDA_SUCCESS;
 }
 
+std::string Inside::left_on(const Rewritten& g, CUresult rc, const char* outcome) {
+  return cuda_failure(
+             "cuGraphNodeSetEnabled", rc,
+             "a restore's copy in rewritten graph " + hex(reinterpret_cast<uintptr_t>(g.exec))) +
+         outcome;
+}
+
+CUresult Inside::disable_locked(Rewritten& g, std::string* message) {
+  for (Lent& lent : g.slots) lent.kept = true;
+  g.disabled = true;
+  note_held_locked();
+  return copies_off(g, g.copies, message);
+}
+
 CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
   if (!any_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
-  if (g.disabled) {
+  Waiting waiting(*this, g);
+  if (!g.disabled) all_back_locked(lock, g, "a node of it was changed");
+  if (g.ended) return CUDA_SUCCESS;  // destroyed meanwhile: the program's call fails on its own
+  if (g.disabled) {                  // at an earlier change (or by another thread meanwhile)
     if (g.copies_left_on != CUDA_SUCCESS) {
-      *message = cuda_failure("cuGraphNodeSetEnabled", g.copies_left_on,
-                              "a restore's copy in rewritten graph " +
-                                  hex(reinterpret_cast<uintptr_t>(exec))) +
-                 " (at an earlier change): the program's change would be undone by it, and is "
-                 "refused";
+      *message = left_on(g, g.copies_left_on,
+                         " (at an earlier change): the program's change would be undone by it, "
+                         "and is refused");
     }
     return g.copies_left_on;
   }
-  all_back_locked(lock, g, "a node of it was changed");
-  for (Lent& lent : g.slots) lent.kept = true;
-  g.disabled = true;
-  note_held_locked();
-  if (const CUresult rc = copies_off(g, g.copies, message); rc != CUDA_SUCCESS) return rc;
-  log().info(
-      "inside one graph: a node of graph {} is changed: its slots stay on the device from "
-      "now on (its windows' copies are off, and nothing is unmapped)",
-      hex(reinterpret_cast<uintptr_t>(exec)));
-  return CUDA_SUCCESS;
+  const CUresult rc = disable_locked(g, message);
+  if (rc == CUDA_SUCCESS) {
+    log().info(
+        "inside one graph: a node of graph {} is changed: its slots stay on the device from "
+        "now on (its windows' copies are off, and nothing is unmapped)",
+        hex(reinterpret_cast<uintptr_t>(exec)));
+  }
+  return rc;
 }
 
 CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& scan,
@@ -1487,32 +1507,27 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
     return nullptr;
   }
   // Launches in flight keep the nodes they started with, and their windows are followed to the
-  // end. Where the new graph uses the lent slots at the same positions, nothing else changes; where
-  // not (or where it cannot be read in full), it is as a changed node: nothing unmapped any more,
-  // the windows' copies off (node_changing), before the update and again after it.
+  // end. The copy's nodes name the slots, which the driver checks: those off the device come back
+  // with their data first. Where the new graph uses the lent slots at the same positions, nothing
+  // else changes (the next launch hands their data over and unmaps them again, as after other
+  // work that used them). Where not (or where it cannot be read in full), a made update is as a
+  // changed node: nothing unmapped any more, the windows' copies off (updated); a refused one
+  // changes nothing.
   const bool same = scan.opaque_kernels == 0 && scan.unscanned_nodes == 0 &&
                     uses_of(scan, g.recipe.picked) == g.recipe.uses;
-  if (!same) {
-    lock.unlock();
-    std::string message;
-    if (node_changing(exec, &message) != CUDA_SUCCESS) {
-      *why = message;
-      return nullptr;
-    }
-    lock.lock();
-  } else {
-    // The copy's nodes name the slots, which the driver checks: those off the device come back
-    // with their data (the next launch hands it over and unmaps them again, as after other
-    // work that used them).
-    all_back_locked(lock, g, "it was updated");
+  if (!same && g.disabled && g.copies_left_on != CUDA_SUCCESS) {
+    *why = left_on(g, g.copies_left_on,
+                   " (at an earlier change): the update would be undone by it, and is refused");
+    return nullptr;
   }
-  // Found again: the waits above released the lock.
-  it = graphs_.find(exec);
-  if (it == graphs_.end() || it->second->updating != nullptr) return nullptr;
-  it->second->updating = graph;  // claimed: the copy is made without the lock
-  const Recipe recipe = it->second->recipe;
-  const CUcontext context = it->second->context;
-  const bool lent = it->second->lent;  // else residency still has the slots
+  Waiting waiting(*this, g);
+  all_back_locked(lock, g, "it was updated");
+  if (g.ended || g.updating != nullptr) return nullptr;  // the waits released the lock
+  g.updating = graph;  // claimed: the copy is made without the lock
+  g.update_disables = !same && !g.disabled;
+  const Recipe recipe = g.recipe;
+  const CUcontext context = g.context;
+  const bool lent = g.lent;  // else residency still has the slots
   lock.unlock();
   auto with_pages = [&recipe, lent](size_t candidate, const std::function<void()>& add) {
     if (lent) return add();  // mapped by the executor, which maps nothing away while idle
@@ -1527,16 +1542,19 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
     *why = e.what();
   }
   lock.lock();
-  it = graphs_.find(exec);
-  if (it == graphs_.end()) {  // destroyed meanwhile: the program's update fails on its own
+  if (g.ended) {  // destroyed meanwhile: the program's update fails on its own
     if (source != nullptr) drv().cuGraphDestroy(source);
     return nullptr;
   }
-  it->second->updating = source;
+  g.updating = source;
+  if (source == nullptr) {  // updated from the program's graph instead (exec_changed)
+    g.update_disables = false;
+    return nullptr;
+  }
   log().info("inside one graph: graph {} is updated from graph {} with its windows added ({})",
              hex(reinterpret_cast<uintptr_t>(exec)), hex(reinterpret_cast<uintptr_t>(graph)),
              same ? "the slots are used where they were: the windows go on"
-                  : "the slots are used elsewhere: their copies are off");
+                  : "the slots are used elsewhere: made, its windows' copies go off");
   return source;
 }
 
@@ -1553,11 +1571,22 @@ CUresult Inside::updated(CUgraphExec exec, CUgraph source, bool made, std::strin
       if (made) {
         drop = source;  // the executable keeps its own nodes' identity (clone's)
         // Whatever state an update gives the copies: off again where they were off.
-        if (g.disabled) rc = copies_off(g, g.copies, message);
+        if (g.update_disables) {
+          rc = disable_locked(g, message);
+          if (rc == CUDA_SUCCESS) {
+            log().info(
+                "inside one graph: graph {} now uses its slots elsewhere: they stay on the "
+                "device from now on (its windows' copies are off, and nothing is unmapped)",
+                hex(reinterpret_cast<uintptr_t>(exec)));
+          }
+        } else if (g.disabled) {
+          rc = copies_off(g, g.copies, message);
+        }
         if (rc != CUDA_SUCCESS) g.unsafe = rc;
       } else {
         g.refused_source = source;
       }
+      g.update_disables = false;
     }
   }
   if (drop != nullptr) drv().cuGraphDestroy(drop);

@@ -206,7 +206,9 @@ void usage(FILE* to) {
       "                  copy of the captured graph (cudaGraphExecUpdate); the checksum is\n"
       "                  the same. With --update-retarget, the copy's last forward kernel\n"
       "                  node writes the first layer's activation, as --retarget-step makes\n"
-      "                  the executable's (the checksum is --retarget-step's)\n"
+      "                  the executable's (the checksum is --retarget-step's). A refused\n"
+      "                  update leaves the executable as it was, as CUDA does: the demo\n"
+      "                  says so on stderr and goes on with it\n"
       "  --work N        N rounds of integer mixing per element in each layer's forward and\n"
       "                  backward kernel (default 0): device time for the copies to hide\n"
       "                  behind, as a real layer's compute gives (on the H200, --work 2000\n"
@@ -751,7 +753,14 @@ int main(int argc, char** argv) {
         CHECK(cudaGraphKernelNodeSetParams(node, &p));
       }
       cudaGraphExecUpdateResultInfo info{};
-      CHECK(cudaGraphExecUpdate(whole, copy, &info));
+      const cudaError_t updated = cudaGraphExecUpdate(whole, copy, &info);
+      if (updated != cudaSuccess) {
+        (void)cudaGetLastError();  // "the graph update was not performed"
+        std::fprintf(stderr,
+                     "train_layers: step %d: cudaGraphExecUpdate refused (%s): the executable "
+                     "runs as it was\n",
+                     step, cudaGetErrorName(updated));
+      }
       CHECK(cudaGraphDestroy(copy));
     }
     if (o.whole) CHECK(cudaGraphLaunch(whole, s));

@@ -231,13 +231,30 @@ check update_retarget '
 after = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[6]]
 assert s["inside_launches"] == 20 and not after, (s, len(after))  # nothing unmapped after
 '
+# An update the driver refuses (injected) changes nothing, whatever the new graph does with the
+# slots: the executable runs as it was, and its windows go on.
+refuse=cuGraphExecUpdate_v2:1:910
+plain=$(VASWAP_SIM_FAULTS=$refuse "$demo" --quiet --steps 20 --graph whole --update-step 5 --update-retarget \
+  2>/dev/null)
+[[ "$plain" == "$want" ]] || fail "update_refused: '$plain' without vaswap, expected '$want'"
+got=$(VASWAP_SIM_FAULTS=$refuse VASWAP_CONF="$base,inside.mode=on,log.level=info" \
+    run --trace "$tmp/update_refused.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+    --update-step 5 --update-retarget 2>"$tmp/err") ||
+  fail "update_refused: the demo failed under vaswap: $(tail -3 "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "update_refused: checksum '$got', without vaswap '$want'"
+grep -q "cudaGraphExecUpdate refused (cudaErrorGraphExecUpdateFailure)" "$tmp/err" ||
+  fail "update_refused: the update was not refused: $(tail -3 "$tmp/err")"
+check update_refused '
+after = [e for e in ev if e["ev"] == "release" and e["t_ns"] > launches[6]]
+assert s["inside_launches"] == 20 and len(after) > 0, (s, len(after))  # the windows go on
+'
 # After the update the program still names the nodes of the graph it instantiated (a node's new
 # parameters, its enabled state), as CUDA asks: they reach the executable's nodes.
 got=$(VASWAP_CONF="$base,inside.mode=on" run -- "$demo" --quiet --steps 20 --graph whole \
     --update-step 5 --set-params-step 10 2>"$tmp/err") ||
   fail "update_then_set: the demo failed under vaswap: $(tail -3 "$tmp/err")"
 [[ "$got" == "$want" ]] || fail "update_then_set: checksum '$got', without vaswap '$want'"
-echo "ok   update: from the captured graph the windows go on; retargeted, their copies go off; a node changed after it; checksums as without vaswap"
+echo "ok   update: from the captured graph the windows go on; retargeted, their copies go off; refused, they go on; a node changed after it; checksums as without vaswap"
 
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2
