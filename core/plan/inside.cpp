@@ -146,6 +146,10 @@ struct Rewritten {
   bool running = false;        // the executor is carrying out the oldest of them
   uint64_t started_ns = 0;     // when the executor took it up
   uint64_t room_since_ns = 0;  // a restore of the launch has waited for room since (0: none)
+  // A restore's map found no pages (the program's own allocations took them) since (0: none); the
+  // executor tries again from map_retry_ns, backing off, without holding the lock meanwhile.
+  uint64_t map_since_ns = 0;
+  uint64_t map_retry_ns = 0;
   uint32_t* flag(size_t window, int which) const { return flags + 3 * window + which; }
 };
 
@@ -261,6 +265,8 @@ class Inside {
   bool drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
   void map_back(Rewritten& g, Lent& lent, const char* why);
+  // One try of map_back: false with `error` when the engine found no pages.
+  bool map_once(Lent& lent, const char* why, std::string* error);
   // Maps `lent` again and copies its data back on the executor's stream (this thread waits).
   // Without the lock (g moving): maps lent again and copies `data` (pinned) or its host copy in
   // on `stream`, this thread waiting; copies its pages out to its host copy the same way.
@@ -1069,7 +1075,32 @@ bool Inside::advance_locked(Rewritten& g) {
               stats_.room_wait_us += static_cast<double>(now - g.room_since_ns) / 1e3;
             }
             g.room_since_ns = 0;
-            map_back(g, lent, "the graph's next use");
+            // No pages now: tried again at a later pass (the lock is not held while it waits:
+            // launches and other threads go on), until residency.wait_limit.
+            if (now < g.map_retry_ns) {
+              store(flag, 1);
+              break;
+            }
+            std::string error;
+            if (!map_once(lent, "the graph's next use", &error)) {
+              if (g.map_since_ns == 0) {
+                g.map_since_ns = now;
+                ++stats_.map_waits;
+              }
+              const uint64_t waited = now - g.map_since_ns;
+              if (waited > wait_limit_ns_.load(std::memory_order_relaxed)) {
+                die("inside one graph: cannot map " + lent.slot->describe() +
+                    " again for the graph's next use within residency.wait_limit: " + error);
+              }
+              // 1 ms, doubling with the time waited, at most 50 ms between tries.
+              g.map_retry_ns = now + std::clamp<uint64_t>(waited, 1000000, 50000000);
+              store(flag, 1);
+              break;
+            }
+            if (g.map_since_ns != 0) {
+              stats_.map_wait_us += static_cast<double>(now - g.map_since_ns) / 1e3;
+            }
+            g.map_since_ns = g.map_retry_ns = 0;
             g.held += lent.slot->mapped_bytes;
             note_held_locked();
             ++restores;
@@ -1103,25 +1134,31 @@ bool Inside::advance_locked(Rewritten& g) {
   return progressed;
 }
 
+bool Inside::map_once(Lent& lent, const char* why, std::string* error) {
+  try {
+    busy("mapping " + lent.slot->describe() + " again for " + why);
+    engine().back(lent.slot, std::nullopt, /*report=*/false);
+    idle();
+    lent.mapped = true;
+    return true;
+  } catch (const Error& e) {
+    idle();
+    *error = e.what();
+    return false;
+  }
+}
+
 void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
   (void)g;
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::milliseconds(1);
-  for (;;) {
-    try {
-      busy("mapping " + lent.slot->describe() + " again for " + why);
-      engine().back(lent.slot, std::nullopt, /*report=*/false);
-      idle();
-      lent.mapped = true;
-      return;
-    } catch (const Error& e) {
-      idle();
-      // No pages now (the program's own allocations took the room): try again until the limit,
-      // for the graph waits on the device for this map.
-      if (trace::now_ns() - start > wait_limit_ns_.load(std::memory_order_relaxed)) {
-        die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
-            why + " within residency.wait_limit: " + e.what());
-      }
+  std::string error;
+  // No pages now (the program's own allocations took the room): try again until the limit, for
+  // the graph (or the thread that brings the slot back) waits for this map.
+  while (!map_once(lent, why, &error)) {
+    if (trace::now_ns() - start > wait_limit_ns_.load(std::memory_order_relaxed)) {
+      die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
+          why + " within residency.wait_limit: " + error);
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));

@@ -133,6 +133,10 @@ struct Stats {
   // graph waits on the device meanwhile), and for how long in all.
   uint64_t room_waits = 0;
   double room_wait_us = 0;
+  // Restores whose map found no pages at first (the program's own allocations held them): the
+  // executor tried again later, the graph waiting on the device meanwhile; for how long in all.
+  uint64_t map_waits = 0;
+  double map_wait_us = 0;
 };
 Stats stats();
 

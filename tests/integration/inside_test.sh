@@ -259,6 +259,10 @@ echo "ok   update: from the captured graph the windows go on; retargeted, their 
 # 5. Failed and stuck maps.
 whole map_fails "$base,inside.mode=on" VASWAP_SIM_FAULTS=cuMemCreate:300:2
 grep -q "injected fault: cuMemCreate" "$tmp/err" || fail "map_fails: the fault was not injected"
+# A restore's map tried again later by the executor (1 ms on), not in a loop under its lock.
+check map_fails '
+assert s["inside_map_waits"] == 1 and s["inside_map_wait_us"] >= 1000, s
+'
 # The limit leaves a loaded machine (sanitizers, parallel tests) room for the launches before it:
 # only the stuck map may reach it.
 set +e
