@@ -207,15 +207,29 @@ P from_va(CUdeviceptr va) {
   }
 }
 
+// The runtime's error codes carry the driver's numbers: in CUDA 13's cuda.h and driver_types.h
+// every driver code but CUDA_ERROR_CONTEXT_ALREADY_CURRENT (202) and CUDA_ERROR_KEY_ROTATION
+// (916) has a runtime code of the same number and meaning (CUDA_ERROR_INVALID_CONTEXT is
+// cudaErrorDeviceUninitialized, "invalid device context"). A runtime hook thus returns the
+// driver's error as the runtime would have, not cudaErrorUnknown.
+static_assert(static_cast<int>(cudaErrorMemoryAllocation) == CUDA_ERROR_OUT_OF_MEMORY &&
+                  static_cast<int>(cudaErrorInitializationError) == CUDA_ERROR_NOT_INITIALIZED &&
+                  static_cast<int>(cudaErrorInvalidResourceHandle) == CUDA_ERROR_INVALID_HANDLE &&
+                  static_cast<int>(cudaErrorIllegalAddress) == CUDA_ERROR_ILLEGAL_ADDRESS &&
+                  static_cast<int>(cudaErrorLaunchTimeout) == CUDA_ERROR_LAUNCH_TIMEOUT &&
+                  static_cast<int>(cudaErrorNotSupported) == CUDA_ERROR_NOT_SUPPORTED &&
+                  static_cast<int>(cudaErrorGraphExecUpdateFailure) ==
+                      CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+                  static_cast<int>(cudaErrorUnknown) == CUDA_ERROR_UNKNOWN,
+              "the runtime's error codes carry the driver's numbers");
 template <class R>
 R to_status(CUresult rc) {
   if constexpr (std::is_same_v<R, cudaError_t>) {
-    switch (rc) {
-      case CUDA_SUCCESS: return cudaSuccess;
-      case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
-      case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
-      case CUDA_ERROR_LAUNCH_TIMEOUT: return cudaErrorLaunchTimeout;
-      default: return cudaErrorUnknown;
+    switch (static_cast<int>(rc)) {
+      case 202:  // CUDA_ERROR_CONTEXT_ALREADY_CURRENT: no runtime twin
+      case 916:  // CUDA_ERROR_KEY_ROTATION: no runtime twin
+        return cudaErrorUnknown;
+      default: return static_cast<cudaError_t>(rc);
     }
   } else {
     return rc;
