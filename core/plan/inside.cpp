@@ -1559,7 +1559,11 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
   }
   Waiting waiting(*this, g);
   all_back_locked(lock, g, "it was updated");
-  if (g.ended || g.updating != nullptr) return nullptr;  // the waits released the lock
+  if (g.ended) return nullptr;  // destroyed meanwhile: the program's update fails on its own
+  if (g.updating != nullptr) {  // the waits released the lock
+    *why = "another thread updates it";
+    return nullptr;
+  }
   g.updating = graph;  // claimed: the copy is made without the lock
   g.update_disables = !same && !g.disabled;
   const Recipe recipe = g.recipe;
