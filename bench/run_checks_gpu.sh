@@ -4,7 +4,8 @@
 # with and without vaswap, the slot suite, the stress probes under eviction, and the whole-graph
 # demo with a node changed to write inside a window (--retarget-step), with a node's parameters
 # and enabled state set again (--set-params-step), and updated from a copy of its captured graph
-# (--update-step, and retargeted so), with and without vaswap.
+# (--update-step, and retargeted so), and with its buffers freed before the executable
+# (--free-first), with and without vaswap.
 # Run from the repository root after
 #   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
 #     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda
@@ -43,7 +44,7 @@ rm -f "$out"/*.tar.gz
 
 {
   for args in "--retarget-step 5" "--set-params-step 10" "--update-step 5" \
-    "--update-step 5 --update-retarget" "--update-step 5 --set-params-step 10"; do
+    "--update-step 5 --update-retarget" "--update-step 5 --set-params-step 10" "--free-first"; do
     plain=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)
     under=$(VASWAP_CONF=selection.min_bytes=1MiB,inside.mode=on,residency.wait_limit=30s \
       LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole $args 2>&1)

@@ -91,6 +91,7 @@ struct Rewritten {
   // instantiated"). A source the driver refused is kept until the next update or the end: the
   // error node the driver gave the program names one of its nodes.
   CUgraph updating = nullptr;
+  CUgraph updating_from = nullptr;  // the program's graph of the update in the making (its log)
   CUgraph refused_source = nullptr;
   // An update was made whose copies could not be turned off again (copies_off's error): a
   // restore left on may put back data the updated nodes wrote. Launches are refused with it.
@@ -263,8 +264,9 @@ class Inside {
   // Waits until `g` has no launch in flight; false once residency.wait_limit passes without the
   // executor carrying out one of its steps, or a limit per launch queued when it began.
   bool drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
-  // Maps `lent` again, retrying within residency.wait_limit; dies past it (the graph waits).
-  void map_back(Rewritten& g, Lent& lent, const char* why);
+  // Maps `lent` again for other work that waits for it (bring_back, without the lock), retrying
+  // within residency.wait_limit; dies past it. The executor retries at a later pass instead.
+  void map_back(Lent& lent, const char* why);
   // One try of map_back: false with `error` when the engine found no pages.
   bool map_once(Lent& lent, const char* why, std::string* error);
   // Maps `lent` again and copies its data back on the executor's stream (this thread waits).
@@ -1148,13 +1150,12 @@ bool Inside::map_once(Lent& lent, const char* why, std::string* error) {
   }
 }
 
-void Inside::map_back(Rewritten& g, Lent& lent, const char* why) {
-  (void)g;
+void Inside::map_back(Lent& lent, const char* why) {
   const uint64_t start = trace::now_ns();
   auto pause = std::chrono::milliseconds(1);
   std::string error;
   // No pages now (the program's own allocations took the room): try again until the limit, for
-  // the graph (or the thread that brings the slot back) waits for this map.
+  // the thread that brings the slot back waits for this map.
   while (!map_once(lent, why, &error)) {
     if (trace::now_ns() - start > wait_limit_ns_.load(std::memory_order_relaxed)) {
       die(std::string("inside one graph: cannot map ") + lent.slot->describe() + " again for " +
@@ -1264,7 +1265,7 @@ void Inside::finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, c
 }
 
 void Inside::bring_back(Rewritten& g, Lent& lent, CUstream stream, const void* data) {
-  map_back(g, lent, "other work that uses it");
+  map_back(lent, "other work that uses it");
   g.held += lent.slot->mapped_bytes;
   if (data == nullptr) data = lent.host;
   if (data != nullptr) copy_in(g, lent, data, stream);
@@ -1592,10 +1593,7 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
     g.update_disables = false;
     return nullptr;
   }
-  log().info("inside one graph: graph {} is updated from graph {} with its windows added ({})",
-             hex(reinterpret_cast<uintptr_t>(exec)), hex(reinterpret_cast<uintptr_t>(graph)),
-             same ? "the slots are used where they were: the windows go on"
-                  : "the slots are used elsewhere: made, its windows' copies go off");
+  g.updating_from = graph;  // logged with the driver's verdict (updated)
   return source;
 }
 
@@ -1607,25 +1605,42 @@ CUresult Inside::updated(CUgraphExec exec, CUgraph source, bool made, std::strin
     auto it = graphs_.find(exec);
     if (it != graphs_.end() && it->second->updating == source) {
       Rewritten& g = *it->second;
+      const std::string graph = hex(reinterpret_cast<uintptr_t>(exec));
+      const std::string from = hex(reinterpret_cast<uintptr_t>(g.updating_from));
       g.updating = nullptr;
+      g.updating_from = nullptr;
       std::swap(drop, g.refused_source);  // the last refused one goes now
       if (made) {
         drop = source;  // the executable keeps its own nodes' identity (clone's)
         // Whatever state an update gives the copies: off again where they were off.
+        const bool was_disabled = g.disabled;
         if (g.update_disables) {
           rc = disable_locked(g, message);
-          if (rc == CUDA_SUCCESS) {
-            log().info(
-                "inside one graph: graph {} now uses its slots elsewhere: they stay on the "
-                "device from now on (its windows' copies are off, and nothing is unmapped)",
-                hex(reinterpret_cast<uintptr_t>(exec)));
-          }
         } else if (g.disabled) {
           rc = copies_off(g, g.copies, message);
         }
-        if (rc != CUDA_SUCCESS) g.unsafe = rc;
+        if (rc != CUDA_SUCCESS) {
+          g.unsafe = rc;
+        } else if (g.update_disables) {
+          log().info(
+              "inside one graph: graph {} is updated from graph {} with its windows added; it "
+              "uses its slots elsewhere now: they stay on the device from now on (its windows' "
+              "copies are off, and nothing is unmapped)",
+              graph, from);
+        } else {
+          log().info(
+              "inside one graph: graph {} is updated from graph {} with its windows added "
+              "({})",
+              graph, from,
+              was_disabled ? "its windows' copies stay off"
+                           : "the slots are used where they were: the windows go on");
+        }
       } else {
         g.refused_source = source;
+        log().info(
+            "inside one graph: graph {}: the driver refused its update from graph {} with its "
+            "windows added; the executable and its windows are as they were",
+            graph, from);
       }
       g.update_disables = false;
     }
@@ -1660,12 +1675,11 @@ void Inside::forget(Slot* slot) {
   if (g.ended) return;
   for (Lent& lent : g.slots) {
     if (lent.slot != slot || lent.gone) continue;
-    if (!lent.mapped && g.lent) {
-      map_back(g, lent, "its destruction");  // residency frees its pages
-      g.held += slot->mapped_bytes;
-    }
     lent.gone = true;
-    if (g.lent) {
+    // Mapped, it goes back to residency, which frees its pages. Off the device it stays lent
+    // until residency forgets it: nothing is mapped for a slot about to go (the device may have
+    // no room for it, and its data is not needed).
+    if (g.lent && lent.mapped) {
       g.held -= slot->mapped_bytes;
       residency::take_back(g.device, {slot}, 0);
     }

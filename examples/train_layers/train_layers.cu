@@ -136,10 +136,11 @@ struct Options {
   int retarget_step = -1;    // --graph whole: -1: never
   int update_step = -1;      // --graph whole: -1: never
   bool update_retarget = false;
-  int extra_mib = 0;   // 0: none
-  int eager_mib = 0;   // 0: none
-  uint32_t work = 0;   // rounds of mixing per element in the layer kernels
-  long limit_mib = 0;  // 0: the whole device
+  bool free_first = false;  // --graph whole: free the buffers before destroying the executable
+  int extra_mib = 0;        // 0: none
+  int eager_mib = 0;        // 0: none
+  uint32_t work = 0;        // rounds of mixing per element in the layer kernels
+  long limit_mib = 0;       // 0: the whole device
   const char* out = nullptr;
 };
 
@@ -151,6 +152,7 @@ void usage(FILE* to) {
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
       "                    [--graph layers|whole] [--set-params-step N]\n"
       "                    [--retarget-step N] [--update-step N [--update-retarget]]\n"
+      "                    [--free-first]\n"
       "                    [--work N] [--eager-mib N] [--out FILE] [--quiet]\n"
       "  Trains a toy layered model with one forward and one backward CUDA graph per layer\n"
       "  and prints a per-step loss and a final checksum. Integer arithmetic: the checksum\n"
@@ -209,6 +211,9 @@ void usage(FILE* to) {
       "                  the executable's (the checksum is --retarget-step's). A refused\n"
       "                  update leaves the executable as it was, as CUDA does: the demo\n"
       "                  says so on stderr and goes on with it\n"
+      "  --free-first    with --graph whole: at the end, free the buffers before destroying\n"
+      "                  the executable that uses them (CUDA allows it once no launch of it\n"
+      "                  is to come; a program that frees its pool before its graphs does it)\n"
       "  --work N        N rounds of integer mixing per element in each layer's forward and\n"
       "                  backward kernel (default 0): device time for the copies to hide\n"
       "                  behind, as a real layer's compute gives (on the H200, --work 2000\n"
@@ -253,6 +258,7 @@ Options parse(int argc, char** argv) {
                                  {"retarget-step", required_argument, nullptr, 'R'},
                                  {"update-step", required_argument, nullptr, 'U'},
                                  {"update-retarget", no_argument, nullptr, 'T'},
+                                 {"free-first", no_argument, nullptr, 'F'},
                                  {"work", required_argument, nullptr, 'W'},
                                  {"eager-mib", required_argument, nullptr, 'E'},
                                  {nullptr, 0, nullptr, 0}};
@@ -314,6 +320,7 @@ Options parse(int argc, char** argv) {
         o.update_step = static_cast<int>(v);
         break;
       case 'T': o.update_retarget = true; break;
+      case 'F': o.free_first = true; break;
       case 'g':
         if (std::strcmp(optarg, "whole") == 0) {
           o.whole = true;
@@ -363,10 +370,11 @@ Options parse(int argc, char** argv) {
                  o.devices);
     std::exit(2);
   }
-  if ((o.set_params_step >= 0 || o.retarget_step >= 0 || o.update_step >= 0) && !o.whole) {
+  if ((o.set_params_step >= 0 || o.retarget_step >= 0 || o.update_step >= 0 || o.free_first) &&
+      !o.whole) {
     std::fprintf(stderr,
-                 "train_layers: --set-params-step, --retarget-step and --update-step need --graph "
-                 "whole\n");
+                 "train_layers: --set-params-step, --retarget-step, --update-step and "
+                 "--free-first need --graph whole\n");
     std::exit(2);
   }
   if (o.update_retarget && o.update_step < 0) {
@@ -892,12 +900,16 @@ int main(int argc, char** argv) {
     on(L);
     if (!o.whole) CHECK(cudaGraphExecDestroy(L.forward));
     if (!o.whole) CHECK(cudaGraphExecDestroy(L.backward));
-    if (L.dev == 0 && whole != nullptr) {  // before the buffers it uses are freed
+    if (L.dev == 0 && whole != nullptr && !o.free_first) {  // before the buffers it uses go
       CHECK(cudaGraphExecDestroy(whole));
       CHECK(cudaGraphDestroy(whole_graph));
       whole = nullptr;
     }
     for (uint32_t* p : {L.x, L.gy, L.w, L.acc, L.act, L.y, L.gx, L.gw}) CHECK(cudaFree(p));
+  }
+  if (whole != nullptr) {  // --free-first: after the buffers it used
+    CHECK(cudaGraphExecDestroy(whole));
+    CHECK(cudaGraphDestroy(whole_graph));
   }
   on(first);
   if (extra != nullptr) CHECK(cudaFree(extra));
