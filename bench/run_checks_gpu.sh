@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The correctness checks a library change needs on a GPU, in one call (each writes a file under
 # OUT/c): what the driver checks on unmapped addresses (launch_unmapped), the copy forms probe
-# with and without vaswap, the slot suite, the stress probes under eviction, and the whole-graph
+# (and its build with per-thread default streams, whose calls are the _ptds/_ptsz twins) with and
+# without vaswap, the slot suite, the stress probes under eviction, and the whole-graph
 # demo with a node changed to write inside a window (--retarget-step), with a node's parameters
 # and enabled state set again (--set-params-step), and updated from a copy of its captured graph
 # (--update-step, and retargeted so), and with its buffers freed before the executable
 # (--free-first), with and without vaswap.
 # Run from the repository root after
 #   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
-#     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda
+#     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda \
+#     copy_forms_probe_ptds_cuda
 # Usage: OUT=DIR bash bench/run_checks_gpu.sh
 set -uo pipefail
 out=${OUT:?OUT names the folder for the results}/c
@@ -23,13 +25,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.
 } >"$out/launch_unmapped.txt" 2>&1
 
 {
-  echo "== without vaswap"
-  "$bin/copy_forms_probe_cuda"
-  echo "rc=$?"
-  echo "== under vaswap, 4 MiB budget"
-  VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB \
-    LD_PRELOAD=$lib "$bin/copy_forms_probe_cuda"
-  echo "rc=$?"
+  for probe in copy_forms_probe_cuda copy_forms_probe_ptds_cuda; do
+    echo "== $probe, without vaswap"
+    "$bin/$probe"
+    echo "rc=$?"
+    echo "== $probe, under vaswap, 4 MiB budget"
+    VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB \
+      LD_PRELOAD=$lib "$bin/$probe"
+    echo "rc=$?"
+  done
 } >"$out/copy_forms.txt" 2>&1
 
 "$bin/core_tests_cuda" >"$out/core.log" 2>&1

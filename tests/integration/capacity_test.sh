@@ -11,7 +11,8 @@
 #      (cudaMemcpyBatchAsync) bring their evicted slots back too. Likewise a kernel launch that
 #      the driver refuses for want of memory (it grows a kernel's local memory at launch): the
 #      simulator refuses the 150th cuLaunchKernel with CUDA_ERROR_OUT_OF_MEMORY. Copies through a
-#      CUDA array and batches of 3D copies (copy_forms_probe.cpp) bring theirs back as well.
+#      CUDA array and batches of 3D copies (copy_forms_probe.cpp) bring theirs back as well, through
+#      the calls' per-thread-default-stream twins too (the probe built so).
 #   4. The handshakes: the host one where asked (residency.handshake=host), the same checksum;
 #      with CUDA_DEVICE_MAX_CONNECTIONS=1 the default falls back to it, says so once, and gives the
 #      same checksum; the device one asked for with one hardware queue is a named error. With
@@ -126,21 +127,28 @@ print("     batch copies waited for restores: " + ", ".join(sorted(c for c in ca
 #     probe's checksum that of a run without vaswap. One batch's source is read during the call (not
 #     in stream order); its slots are brought back on the host before it (the simulator reads
 #     every batch in stream order, so only the data is checked here).
-forms_want=$("$build/bin/copy_forms_probe") || fail "copy_forms_probe failed without vaswap"
-forms_got=$(VASWAP_CONF="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB,log.level=info" \
-  run --trace "$tmp/copy_forms.jsonl" -- "$build/bin/copy_forms_probe" 2>"$tmp/err") ||
-  { cat "$tmp/err"; fail "copy_forms: the probe failed under vaswap"; }
-[[ "$forms_got" == "$forms_want" ]] || fail "copy_forms: '$forms_got', without vaswap '$forms_want'"
-summary copy_forms '
-assert s["errors"] == 0, s
-waits = [e for e in ev if e["ev"] == "restore_wait"]
-calls = {e.get("call") for e in waits}
-for name in ("cuMemcpyDtoA_v2", "cuMemcpyAtoD_v2", "cuMemcpy3DBatchAsync_v2"):
+# The same probe built with per-thread default streams reaches the calls' _ptds/_ptsz twins.
+for probe in copy_forms_probe copy_forms_probe_ptds; do
+  suffix=""
+  [[ $probe == *_ptds ]] && suffix=_ptds
+  forms_want=$("$build/bin/$probe") || fail "$probe failed without vaswap"
+  forms_got=$(VASWAP_CONF="selection.captured_only=false,selection.min_bytes=1MiB,residency.budget=4MiB,log.level=info" \
+    run --trace "$tmp/$probe.jsonl" -- "$build/bin/$probe" 2>"$tmp/err") ||
+    { cat "$tmp/err"; fail "$probe: the probe failed under vaswap"; }
+  [[ "$forms_got" == "$forms_want" ]] || fail "$probe: '$forms_got', without vaswap '$forms_want'"
+  summary "$probe" "
+assert s['errors'] == 0, s
+ptds = '$suffix' != ''
+waits = [e for e in ev if e['ev'] == 'restore_wait']
+calls = {e.get('call') for e in waits}
+batch = 'cuMemcpy3DBatchAsync_v2' + ('_ptsz' if ptds else '')
+for name in ('cuMemcpyDtoA_v2$suffix', 'cuMemcpyAtoD_v2$suffix', batch):
     assert name in calls, (name, calls)
-assert sum(e.get("call") == "cuMemcpy3DBatchAsync_v2" for e in waits) >= 3, waits
-print("     " + ", ".join(sorted(c for c in calls if c and ("toA" in c or "AtoD" in c or "3DBatch" in c))) + " waited for their evicted buffers")
-'
-echo "ok   copy_forms: $forms_got"
+assert sum(e.get('call') == batch for e in waits) >= 3, waits
+print('     ' + ', '.join(sorted(c for c in calls if c and ('toA' in c or 'AtoD' in c or '3DBatch' in c))) + ' waited for their evicted buffers')
+"
+  echo "ok   $probe: $forms_got"
+done
 
 # 3b. A launch out of memory: retried at the driver after slots gave pages back, so the runtime
 #     above never records the error (the demo checks every launch's result).
