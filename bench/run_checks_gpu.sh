@@ -6,7 +6,8 @@
 # demo with a node changed to write inside a window (--retarget-step), with a node's parameters
 # and enabled state set again (--set-params-step), and updated from a copy of its captured graph
 # (--update-step, and retargeted so), and with its buffers freed before the executable
-# (--free-first), with and without vaswap.
+# (--free-first), with and without vaswap; and the demo's restores short of room within its
+# graph's reserve, with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1).
 # Run from the repository root after
 #   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
 #     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda \
@@ -58,5 +59,27 @@ rm -f "$out"/*.tar.gz
       echo "$args: DIFFERENT"
   done
 } >"$out/node_change.txt" 2>&1
+
+# Restores short of room within the graph's reserve (a 40 MiB budget for the demo's 64 MiB of
+# slots), with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets):
+# the checksum, the time, and how many windows mapped beyond the reserve after 100 ms.
+{
+  plain=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole 2>&1)
+  echo "without vaswap: $plain"
+  for connections in default 1; do
+    start=$(date +%s%N)
+    under=$( (if [[ $connections != default ]]; then export CUDA_DEVICE_MAX_CONNECTIONS=$connections; fi
+      VASWAP_CONF=selection.min_bytes=1MiB,residency.budget=40MiB,residency.wait_limit=30s,log.level=info \
+        LD_PRELOAD=$lib timeout 300 "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole) \
+      2>"$out/room_$connections.err")
+    rc=$?
+    end=$(date +%s%N)
+    echo "connections $connections: exit $rc, $(((end - start) / 1000000)) ms: $under"
+    grep -o "[0-9]* restores waited for room ([0-9.]* ms; [0-9]* windows then mapped beyond the reserve)" \
+      "$out/room_$connections.err"
+    [[ "$plain" == checksum* && "$plain" == "$under" ]] && echo "connections $connections: identical" ||
+      echo "connections $connections: DIFFERENT"
+  done
+} >"$out/room.txt" 2>&1
 
 tail -n 3 "$out"/*.txt "$out"/*.log

@@ -65,7 +65,7 @@ md=$out/overhead_h200.md
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
   echo "# command: ${VASWAP_LIB:+VASWAP_LIB=$VASWAP_LIB }${VASWAP_LIB_B:+VASWAP_LIB_B=$VASWAP_LIB_B }RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
-  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (per run) | first plan: windows, MiB each way, remap us of the copy test / of the run's own maps (per run) |"
+  echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (windows mapped beyond the reserve after 100 ms) (per run) | first plan: windows, MiB each way, remap us of the copy test / of the run's own maps (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|---|"
 } >"$md"
 status=0
@@ -154,7 +154,8 @@ for i in range(1, runs + 1):
     freed.append((s["peak_without_releases"] - s["peak_used"]) >> 20)
     lent = s.get("inside_lent_bytes", 0)
     inside.append(f"{lent >> 20}, {100 * (1 - s['inside_peak_held'] / lent):.0f}%, "
-                  f"{s['inside_on_demand']}, {s.get('inside_room_waits', 0)}" if lent else "-")
+                  f"{s['inside_on_demand']}, {s.get('inside_room_waits', 0)} "
+                  f"({s.get('inside_room_overshoots', 0)})" if lent else "-")
     # The plan's shape and the remap figures it was chosen with: a copy test whose map met a D2H
     # once made plans of more windows than the budget needed (bench/results/remap_margin_session44.md).
     plan = next((e for e in ev if e["ev"] == "plan" and "windows" in e), None)

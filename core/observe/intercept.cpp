@@ -337,12 +337,14 @@ void say_summary() {
     log().info(
         "summary, inside graphs: {} rewritten with {} windows; {} slots lent ({:.0f} MiB), held at "
         "most {:.0f} MiB at once; {} launches carried out, {} releases, {} restores, {:.0f} MiB "
-        "moved each way; {} restores waited for room ({:.1f} ms) and {} for pages ({:.1f} ms); "
-        "other work brought lent slots back {} times ({:.1f} ms waited); {} unmaps failed",
+        "moved each way; {} restores waited for room ({:.1f} ms; {} windows then mapped beyond "
+        "the reserve) and {} for pages ({:.1f} ms); other work brought lent slots back {} times "
+        "({:.1f} ms waited); {} unmaps failed",
         in.graphs, in.windows, in.lent_slots, static_cast<double>(in.lent_bytes) / mib,
         static_cast<double>(in.peak_lent_held) / mib, in.launches, in.releases, in.restores,
         static_cast<double>(in.moved_bytes) / mib, in.room_waits, in.room_wait_us / 1e3,
-        in.map_waits, in.map_wait_us / 1e3, in.on_demand, in.on_demand_wait_us / 1e3, in.failures);
+        in.room_overshoots, in.map_waits, in.map_wait_us / 1e3, in.on_demand,
+        in.on_demand_wait_us / 1e3, in.failures);
   }
   if (!trace::enabled()) return;
   trace::Record(trace::Event::summary)
@@ -391,6 +393,7 @@ void say_summary() {
       .add("inside_failures", in.failures)
       .add("inside_room_waits", in.room_waits)
       .add("inside_room_wait_us", in.room_wait_us)
+      .add("inside_room_overshoots", in.room_overshoots)
       .add("inside_map_waits", in.map_waits)
       .add("inside_map_wait_us", in.map_wait_us)
       .emit();

@@ -11,6 +11,9 @@
 #      it under residency.budget=28MiB (automatic mode: only the windows the budget needs), same
 #      checksum, the lent slots within the reserve; bench/inside_replay, choosing again from the
 #      trace's inside_input, finds the run's number of windows, peak and bytes moved.
+#      At 40 MiB, restores that open the launch short of room (a slot kept on the device beyond
+#      the schedule) wait 100 ms once, then map beyond the reserve: never residency.wait_limit
+#      per launch while the graph, in one queue, waits for them.
 #      Beside eager work of its own (--eager-mib 8, as torch.compile's between its graphs, its
 #      buffer a slot too): the rewrite's reserve leaves that work's room, which it first needs
 #      before the capture (evicted while the graph is captured: its pinned copy is made in the
@@ -132,6 +135,22 @@ assert s["oom_launches"] == 0 and s["errors"] == 0 and s["inside_failures"] == 0
 windows, held = rw[0]["windows"], s["inside_peak_held"] / MiB
 print(f"     {windows} windows; held at most {held:.0f} MiB")
 '
+
+# A restore short of room at its trigger while the graph runs in one queue (the simulator's): at
+# 40 MiB a slot the demo reads between launches stays on the device beyond the schedule, and the
+# restores that open the launch then wait for releases behind their own wait nodes. Each such
+# window waits 100 ms once, maps beyond the reserve, and maps at once from then on (before, each
+# waited residency.wait_limit, here 20 s, in every launch).
+whole room "$base,residency.budget=40MiB"
+check room '
+assert s["inside_launches"] == 20 and s["inside_room_overshoots"] >= 1, s
+# 100 ms for each window that gave up, and short waits besides; 20 s each before.
+assert s["inside_room_wait_us"] < 100e3 * s["inside_room_overshoots"] + 5e6, s
+n, ms = s["inside_room_overshoots"], s["inside_room_wait_us"] / 1e3
+print(f"     {n} windows mapped beyond the reserve after 100 ms; {ms:.0f} ms of room waits in all")
+'
+grep -q "warning: inside one graph: .* is mapped beyond graph .*'s reserve of 40 MiB" "$tmp/err" ||
+  fail "room: the first window mapped beyond the reserve is not said as a warning"
 
 # Eager work beside the graph: the demo's buffers by call site, the graph's and the optimizer's.
 eager="$base,selection.captured_only=false,selection.include=*::malloc_*,inside.lead=2"
