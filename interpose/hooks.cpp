@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -111,6 +112,16 @@ int driver_version(GetProcAddress get_proc_address) {
   return version;
 }
 
+// The CUDA version that introduced per-thread default streams, and with them the _ptds/_ptsz twins.
+constexpr int kPerThreadSince = 7000;
+
+// Whether `fn` is the driver's function exported as `symbol` (true where dladdr cannot name it).
+bool named(void* fn, const char* symbol) {
+  Dl_info info{};
+  if (dladdr(fn, &info) == 0 || info.dli_sname == nullptr) return true;
+  return std::strcmp(info.dli_sname, symbol) == 0;
+}
+
 void* find_driver_real(int index) {
   const Entry& e = kEntries[index];
   GetProcAddress get_proc_address = driver_get_proc_address();
@@ -125,10 +136,19 @@ void* find_driver_real(int index) {
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const cuuint64_t flags = e.per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
                                         : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
-  if (get_proc_address(e.base, &fn, e.version, flags, &status) != CUDA_SUCCESS) return nullptr;
-  if (fn != wrapper(index)) return fn;
-  // A driver that takes its own functions' addresses through the global scope answers with the
-  // preloaded definition, vaswap's own: ask the library itself for its definition instead.
+  // Per-thread twins exist from CUDA 7.0 on: asked at an older revision's version the driver
+  // answers with no function (CUDA_SUCCESS, VERSION_NOT_SUFFICIENT: cuMemcpyHtoD_v2_ptds at 3020,
+  // bench/results/procaddr_ptds_h100.txt), so they are asked at 7000, and the answer is kept only
+  // where it is the twin of this revision (no hooked call gained a revision between the two).
+  const int version = e.per_thread ? std::max(e.version, kPerThreadSince) : e.version;
+  if (get_proc_address(e.base, &fn, version, flags, &status) == CUDA_SUCCESS && fn != nullptr &&
+      fn != wrapper(index) && (version == e.version || named(fn, e.symbol))) {
+    return fn;
+  }
+  // Not answered for this revision, or answered with the wrong definition: the driver library's
+  // own symbol of exactly this name (the name is the revision). A driver that takes its own
+  // functions' addresses through the global scope answers with the preloaded definition, vaswap's
+  // own.
   Dl_info driver{};
   if (dladdr(reinterpret_cast<void*>(get_proc_address), &driver) == 0) return nullptr;
   void* library = dlopen(driver.dli_fname, RTLD_LAZY | RTLD_NOLOAD);

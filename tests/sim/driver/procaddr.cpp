@@ -370,14 +370,18 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
     }
   }
   *pfn = nullptr;
-  if (best == nullptr) {
+  // A symbol asked at a version older than its first revision, or a per-thread twin asked below
+  // CUDA 7.0 (which introduced them): no function, CUDA_SUCCESS and VERSION_NOT_SUFFICIENT, as
+  // driver 580 answers (bench/results/procaddr_ptds_h100.txt). An unknown name:
+  // CUDA_ERROR_NOT_FOUND.
+  const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  if (best == nullptr || (per_thread && best->per_thread != nullptr && version < 7000)) {
     if (status != nullptr) {
       *status = exists ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                        : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     }
-    return CUDA_ERROR_NOT_FOUND;
+    return exists ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
   }
-  const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   *pfn = per_thread && best->per_thread != nullptr ? best->per_thread : best->fn;
   if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
   return CUDA_SUCCESS;

@@ -242,14 +242,32 @@ TEST(ProcAddressTest, Cuda13RevisionsTakeAContext) {
   bind_device(0);
 }
 
+// As driver 580 answers (bench/results/procaddr_ptds_h100.txt): success, no function, and the
+// status says why.
 TEST(ProcAddressTest, TooOldAVersionIsReportedAsSuch) {
   ASSERT_CU(cuInit(0));
   void* fn = reinterpret_cast<void*>(0x1);
   CUdriverProcAddressQueryResult status{};
-  EXPECT_CU_ERR(CUDA_ERROR_NOT_FOUND,
-                cuGetProcAddress("cuStreamGetCaptureInfo", &fn, 12000, 0, &status));
+  ASSERT_CU(cuGetProcAddress("cuStreamGetCaptureInfo", &fn, 12000, 0, &status));
   EXPECT_EQ(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, status);
   EXPECT_EQ(nullptr, fn);
+}
+
+TEST(ProcAddressTest, PerThreadTwinsBeginAtCuda7) {
+  ASSERT_CU(cuInit(0));
+  void* fn = reinterpret_cast<void*>(0x1);
+  CUdriverProcAddressQueryResult status{};
+  ASSERT_CU(cuGetProcAddress("cuMemcpyHtoD", &fn, 3020,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+  EXPECT_EQ(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, status);
+  EXPECT_EQ(nullptr, fn);
+  ASSERT_CU(cuGetProcAddress("cuMemcpyHtoD", &fn, 7000,
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+  EXPECT_EQ(CU_GET_PROC_ADDRESS_SUCCESS, status);
+  EXPECT_EQ(driver_symbol("cuMemcpyHtoD_v2_ptds"), fn);
+  ASSERT_CU(
+      cuGetProcAddress("cuMemcpyHtoD", &fn, 3020, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status));
+  EXPECT_EQ(driver_symbol("cuMemcpyHtoD_v2"), fn);
 }
 
 TEST(ProcAddressTest, UnknownSymbolIsNotFound) {
