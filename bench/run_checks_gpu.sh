@@ -60,26 +60,8 @@ rm -f "$out"/*.tar.gz
   done
 } >"$out/node_change.txt" 2>&1
 
-# Restores short of room within the graph's reserve (a 40 MiB budget for the demo's 64 MiB of
-# slots), with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets):
-# the checksum, the time, and how many windows mapped beyond the reserve after 100 ms.
-{
-  plain=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole 2>&1)
-  echo "without vaswap: $plain"
-  for connections in default 1; do
-    start=$(date +%s%N)
-    under=$( (if [[ $connections != default ]]; then export CUDA_DEVICE_MAX_CONNECTIONS=$connections; fi
-      VASWAP_CONF=selection.min_bytes=1MiB,residency.budget=40MiB,residency.wait_limit=30s,log.level=info \
-        LD_PRELOAD=$lib timeout 300 "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole) \
-      2>"$out/room_$connections.err")
-    rc=$?
-    end=$(date +%s%N)
-    echo "connections $connections: exit $rc, $(((end - start) / 1000000)) ms: $under"
-    grep -o "[0-9]* restores waited for room ([0-9.]* ms; [0-9]* windows then mapped beyond the reserve)" \
-      "$out/room_$connections.err"
-    [[ "$plain" == checksum* && "$plain" == "$under" ]] && echo "connections $connections: identical" ||
-      echo "connections $connections: DIFFERENT"
-  done
-} >"$out/room.txt" 2>&1
+# Restores short of room within the graph's reserve, with the GPU's queues and with one
+# (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets): bench/run_room_gpu.sh for this library.
+OUT="$out" bash bench/run_room_gpu.sh "$lib" >"$out/room.txt" 2>&1
 
 tail -n 3 "$out"/*.txt "$out"/*.log

@@ -147,8 +147,8 @@ struct Rewritten {
   bool running = false;        // the executor is carrying out the oldest of them
   uint64_t started_ns = 0;     // when the executor took it up
   uint64_t room_since_ns = 0;  // a restore of the launch has waited for room since (0: none)
-  // By window: its restore waited kRoomPatience for room that never came, and maps at once from
-  // then on (see advance_locked).
+  // By window: its restore waited residency::kOvershootAfterNs for room that never came, and
+  // maps at once from then on (see advance_locked).
   std::vector<bool> room_overshoot;
   // A restore's map found no pages (the program's own allocations took them) since (0: none); the
   // executor tries again from map_retry_ns, backing off, without holding the lock meanwhile.
@@ -158,12 +158,6 @@ struct Rewritten {
 };
 
 enum FlagKind { kReleased = 0, kTrigger = 1, kMapped = 2 };
-
-// How long a restore waits for room within its graph's reserve before it maps beyond it (as
-// residency's restores do past a size budget: `budget_overshoots`). On a GPU with its queues the
-// room comes within a few kernels (the demo's 2.4 ms kernels under a half budget: 190 room waits
-// in 20 launches, bench/results/inside_work_h200.md).
-constexpr uint64_t kRoomPatienceNs = 100'000'000;
 
 // What one graph's windows are chosen from, before its rewrite, so that the choice can be made
 // again offline (bench/inside_replay): the positions, the settings and target, each candidate's
@@ -1068,7 +1062,9 @@ bool Inside::advance_locked(Rewritten& g) {
             // trigger in the graph (what is, came first), so the graph may be parked on this
             // very restore with them behind it: in one hardware queue (the simulator's, or
             // CUDA_DEVICE_MAX_CONNECTIONS=1), or where this trigger opens the launch. Past
-            // kRoomPatience the restore maps beyond the reserve, and its window waits no more.
+            // residency::kOvershootAfterNs (as residency's restores past a size budget; on a GPU
+            // with its queues the room comes within a few kernels) the restore maps beyond the
+            // reserve, and its window waits no more.
             const uint64_t now = trace::now_ns();
             const uint64_t need = g.held + lent.slot->mapped_bytes;
             if (!g.room_overshoot[step.window] &&
@@ -1079,7 +1075,7 @@ bool Inside::advance_locked(Rewritten& g) {
                 ++stats_.room_waits;
               }
               const uint64_t patience = std::min<uint64_t>(
-                  kRoomPatienceNs, wait_limit_ns_.load(std::memory_order_relaxed));
+                  residency::kOvershootAfterNs, wait_limit_ns_.load(std::memory_order_relaxed));
               if (now - g.room_since_ns < patience) {
                 store(flag, 1);  // not taken yet
                 break;

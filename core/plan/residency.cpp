@@ -43,9 +43,6 @@ constexpr size_t kAheadStreams = 16;
 // how many such waits a copy gets before it is never made as a graph.
 constexpr uint64_t kEagerSettleNs = 100'000'000;
 constexpr int kEagerTries = 3;
-// Device handshake: how long a restore waits for room, with nothing on its way to make it, before
-// it maps beyond a size budget (at most a quarter of residency.wait_limit).
-constexpr uint64_t kOvershootAfterNs = 100000000;
 // Device handshake: at most this many eager copies and memsets kept as graphs (EagerShape).
 constexpr size_t kEagerGraphs = 1024;
 constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;

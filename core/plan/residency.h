@@ -40,6 +40,11 @@ struct Slot;
 
 namespace residency {
 
+// How long a restore waits for room that nothing under way will make before it maps beyond what
+// it was allowed (a size budget here, a rewritten graph's reserve in plan/inside.cpp): the work
+// that would make room may be waiting on the device behind it.
+constexpr uint64_t kOvershootAfterNs = 100'000'000;
+
 enum class Handshake { automatic, device, host };
 
 struct Settings {
