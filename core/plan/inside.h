@@ -133,8 +133,9 @@ struct Stats {
   // graph waits on the device meanwhile), and for how long in all.
   uint64_t room_waits = 0;
   double room_wait_us = 0;
-  // Restores mapped beyond the reserve after waiting residency::kOvershootAfterNs for room that did not come
-  // (the graph was parked on them: one hardware queue); each such window waits no more.
+  // Restores mapped beyond the reserve after waiting residency::kOvershootAfterNs for room that
+  // did not come (the graph was parked on them: one hardware queue); each such window waits no
+  // more.
   uint64_t room_overshoots = 0;
   // Restores whose map found no pages at first (the program's own allocations held them): the
   // executor tried again later, the graph waiting on the device meanwhile; for how long in all.
