@@ -526,6 +526,10 @@ class Residency {
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
                                      const std::vector<Entry*>& keep, bool recorded_only = false,
                                      uint64_t* held_back = nullptr) const;
+  // The pages of resident slots (other than `keep`) whose last uses are closed by recorded marks
+  // but that cannot be evicted for a while only: pinned by a launch being prepared, used behind a
+  // parked stream, or not yet able to evict ahead (a restore still landing).
+  uint64_t settling_pages_locked(const Device& d, const std::vector<Entry*>& keep) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
   // Evicts `victims` to make room for `wanted`: a victim the size of a wanted slot that needs
@@ -1036,6 +1040,19 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
 // =============================================================================================
 // Decisions (under mutex_): state changes, and the jobs that carry them out
 // =============================================================================================
+
+uint64_t Residency::settling_pages_locked(const Device& d, const std::vector<Entry*>& keep) const {
+  uint64_t pages = 0;
+  for (const auto& [slot, e] : entries_) {
+    if (e.device != d.ordinal || e.where != Where::resident || !marks_closed(e)) continue;
+    if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
+    if (e.pins > 0 || (!parked_.empty() && held_by_parked_stream_locked(e)) ||
+        (d.device_handshake && !evicts_ahead_locked(e))) {
+      pages += e.pages;
+    }
+  }
+  return pages;
+}
 
 void Residency::evict_locked(Entry& e, const char* cause, Actions* out) {
   Device& d = device_locked(e.device);
@@ -2483,16 +2500,18 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
 }
 
 CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
+  if (slots.empty()) return CUDA_SUCCESS;
   std::vector<uint64_t> ids;
-  {
+  const uint64_t started = trace::now_ns();
+  for (;;) {
     std::lock_guard<std::mutex> submit(submit_);
-    if (slots.empty()) return CUDA_SUCCESS;
     const int ordinal = slots[0]->device;
     Device& d = device(ordinal);
     refresh_budget(d);
     Actions actions;
     actions.device = ordinal;
     std::vector<Entry*> needed, victims;
+    bool settling = false;  // short of room for now only: wait, then decide again
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint64_t new_pages = 0;
@@ -2512,15 +2531,31 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
         for (const Entry* v : victims) freed += v->pages;
       }
       if (new_pages > 0 && d.committed + new_pages - freed > budget.limit) {
-        ++stats_.oom_launches;
-        *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
-                   " of slots mapped, and the residency budget of " + byte_size(budget.limit) +
-                   " on device " + std::to_string(ordinal) + " has " +
-                   byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
-                   " left with " + byte_size(freed) +
-                   " that can be evicted now; raise residency.budget, or free device memory";
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        // Slots passed over only until something in flight ends (a restore landing, another
+        // launch's pins, a parked stream) make room soon: an earlier copy's restores were still
+        // landing when a capture's next copy came, and the capture failed with room on its way.
+        // Open marks are not among them: the capture keeps them open until it ends.
+        const uint64_t landing = settling_pages_locked(d, needed);
+        const uint64_t waited_ns = trace::now_ns() - started;
+        settling = landing > 0 && waited_ns < settings_.wait_limit_ns;
+        if (!settling) {
+          ++stats_.oom_launches;
+          *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
+                     " of slots mapped, and the residency budget of " + byte_size(budget.limit) +
+                     " on device " + std::to_string(ordinal) + " has " +
+                     byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
+                     " left with " + byte_size(freed) + " that can be evicted now (" +
+                     byte_size(landing) + " more still in flight after " +
+                     std::to_string(waited_ns / 1000000) + " ms; the rest used while the " +
+                     "capture is open); raise residency.budget, or free device memory";
+          return CUDA_ERROR_OUT_OF_MEMORY;
+        }
       }
+    }
+    if (settling) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait_for(lock, std::chrono::milliseconds(5));
+      continue;
     }
     {
       std::string why;
@@ -2544,6 +2579,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
       }
     }
     carry_out(actions, false, nullptr);
+    break;
   }
   // A copy or memset recorded into a capture is checked against its addresses now: wait until
   // the mover has mapped them (the launch will wait for their data as any launch does).

@@ -177,6 +177,23 @@ grep -q "leaves the rest of the program too little of residency.budget (12 MiB).
 grep -q "keep their reserves between launches" "$tmp/err" || fail "eager at 12 MiB: refusal unnamed"
 echo "ok   eager at 12 MiB: the rewrite names a budget of 16 MiB, the refused launch says why"
 
+# Every buffer a slot under a budget of 12 MiB: the capture's copies need their slots mapped
+# while the restores made for the copies before them are still landing (each stream operation up
+# to 1 ms late). The capture waits for that room (bounded by residency.wait_limit); it was
+# refused with "2 MiB that can be evicted now", in 5 runs of 5 with this jitter.
+whole capture_room "$base,selection.captured_only=false,residency.budget=12MiB" \
+  VASWAP_SIM_DEVICE_MEMORY=100MiB VASWAP_SIM_JITTER_US=1000
+check capture_room '
+cap = [e["t_ns"] for e in ev if e["ev"] in ("capture_begin", "capture_end")]
+assert len(cap) == 2, cap
+during = [e for e in ev if cap[0] < e["t_ns"] < cap[1]]
+fetched = [e for e in during if e["ev"] == "fetch" and e["cause"] == "capture"]
+evicted = [e for e in during if e["ev"] == "evict" and e["cause"] == "budget"]
+assert fetched and evicted, (len(fetched), len(evicted))
+assert s["oom_launches"] == 0 and s["errors"] == 0, s
+print(f"     the capture mapped {len(fetched)} slots for its copies, evicting {len(evicted)}")
+'
+
 # 4. Fallbacks.
 whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
 check no_memops 'assert not rw and s["inside_graphs"] == 0, (rw, s)'
