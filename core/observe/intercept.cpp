@@ -1501,7 +1501,7 @@ Ticket eager_access(const Call& call, CUstream stream, const uintptr_t* addresse
     Ticket ticket;
     const std::vector<Slot*> rest = inside::present(slots, &ticket.result, &ticket.message);
     if (ticket.result == CUDA_SUCCESS) {
-      ticket.result = residency::back_for_capture(rest, &ticket.message);
+      ticket.result = residency::back_for_capture(rest, stream, &ticket.acquired, &ticket.message);
     }
     if (ticket.result != CUDA_SUCCESS) {
       log().error("{}: {}", call.symbol, ticket.message);

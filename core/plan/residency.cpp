@@ -453,7 +453,8 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     return {d.lent, d.largest_launch};
   }
-  CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+  CUresult back_for_capture(const std::vector<Slot*>& slots, std::vector<Slot*>* pinned,
+                            std::string* message);
   void close_uses(CUstream stream) {
     std::lock_guard<std::mutex> submit(submit_);
     close_mark(key_of(stream));
@@ -2105,6 +2106,18 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
 
 void Residency::used(const Acquired& acquired) {
   if (acquired.slots.empty()) return;
+  if (acquired.captured) {
+    // Recorded into a capture: nothing ran, and no mark is due (the capturing stream could not
+    // record one). Only the pins go.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (Slot* slot : acquired.slots) {
+        if (Entry* e = find_locked(slot)) --e->pins;
+      }
+    }
+    changed_.notify_all();
+    return;
+  }
   std::lock_guard<std::mutex> submit(submit_);
   used_submitted(acquired);
 }
@@ -2499,7 +2512,8 @@ uint64_t Residency::make_room_once(int ordinal, uint64_t bytes, bool* busy_slots
   return freed;
 }
 
-CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
+CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vector<Slot*>* pinned,
+                                     std::string* message) {
   if (slots.empty()) return CUDA_SUCCESS;
   std::vector<uint64_t> ids;
   const uint64_t started = trace::now_ns();
@@ -2573,7 +2587,12 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
         }
       }
       for (Entry* e : needed) {
-        if (entries_.count(e->slot) == 0 || e->where == Where::resident) continue;
+        if (entries_.count(e->slot) == 0) continue;
+        // Held until the copy is recorded: a restore short of room (relieve) evicts idle
+        // resident slots, and took one of these between its map and the driver's check.
+        ++e->pins;
+        pinned->push_back(e->slot);
+        if (e->where == Where::resident) continue;
         restore_locked(*e, "capture", &actions);
         ids.push_back(e->id);
       }
@@ -2592,7 +2611,23 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::strin
         });
       });
   if (!mapped) {
-    *message = "slots a capture's copy names were not mapped within residency.wait_limit";
+    std::string names;
+    size_t unmapped = 0;
+    for (uint64_t id : ids) {
+      const Entry* e = by_id_locked(id);
+      if (e == nullptr || e->mapped) continue;
+      if (++unmapped <= 4) {
+        names += (names.empty() ? "" : ", ") + std::string("slot ") + std::to_string(id) + " (va " +
+                 hex(e->slot->va) + ", " + byte_size(e->pages) + ")";
+      }
+    }
+    if (unmapped > 4) names += " and " + std::to_string(unmapped - 4) + " more";
+    *message = "a copy or memset recorded into a capture names " + names +
+               ", which got no pages within residency.wait_limit (" +
+               std::to_string(settings_.wait_limit_ns / 1000000) +
+               " ms): the device had no room for them beside the slots the capture keeps mapped "
+               "(used while it is open, or named by this copy) and the program's own memory; "
+               "free device memory, or capture with less of it in use";
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   return CUDA_SUCCESS;
@@ -3931,12 +3966,21 @@ Budget budget(int device) { return the().budget(device); }
 Others others(int device) { return the().others(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
-CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message) {
+CUresult back_for_capture(const std::vector<Slot*>& slots, CUstream stream, Acquired* held,
+                          std::string* message) {
+  *held = Acquired{};
+  held->stream = stream;
+  held->captured = true;
   // A peer copy recorded into a capture names slots of two devices: each needs its pages on its
   // own device.
-  return by_device(slots, [message](const std::vector<Slot*>& group) {
-    return the().back_for_capture(group, message);
+  const CUresult rc = by_device(slots, [held, message](const std::vector<Slot*>& group) {
+    return the().back_for_capture(group, &held->slots, message);
   });
+  if (rc != CUDA_SUCCESS) {
+    the().used(*held);  // a device done before the one that failed: its pins go
+    *held = Acquired{};
+  }
+  return rc;
 }
 Stats stats() { return the().stats(); }
 bool parks_streams() { return the().parks_streams(); }

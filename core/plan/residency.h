@@ -82,6 +82,9 @@ struct Acquired {
   // A copy or memset (EagerShape): made instead as a launch of this graph on the stream, which
   // waits for the slots' restores; null: the program's call is made. Owned by residency.
   CUgraphExec substitute = nullptr;
+  // Pinned for a copy or memset recorded into a capture (back_for_capture): nothing runs now, so
+  // used() only lets their pins go.
+  bool captured = false;
 };
 
 // An eager copy or memset between device addresses, as the program asked for it. The driver checks
@@ -193,9 +196,13 @@ void stream_gone(CUstream stream);
 // capturing streams, and only slots whose last uses are closed already are evicted.
 
 // Copies and memsets recorded into a capture need their addresses mapped: backs `slots` now
-// (waiting until they are mapped), without recording anything on the capturing stream and
-// without evicting. CUDA_ERROR_OUT_OF_MEMORY, with `message`, when the budget has no room.
-CUresult back_for_capture(const std::vector<Slot*>& slots, std::string* message);
+// (waiting until they are mapped), without recording anything on the capturing stream (it evicts
+// only slots whose last uses are closed by recorded marks). On success the slots stay pinned in
+// `held` until used(*held), once the copy is recorded: a restore short of room would otherwise
+// evict one of them before the driver checks it. CUDA_ERROR_OUT_OF_MEMORY, with `message` and
+// nothing held, when the budget has no room within residency.wait_limit.
+CUresult back_for_capture(const std::vector<Slot*>& slots, CUstream stream, Acquired* held,
+                          std::string* message);
 
 // Ends the process with exit status 70 after `message` (and that vaswap cannot keep its device
 // work correct past it) goes to the log and, as an `error` event from `who`, to the trace: for a

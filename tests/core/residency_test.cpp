@@ -238,8 +238,12 @@ TEST_F(ResidencyTest, CapturedCopiesBeyondTheBudgetEvictEarlierOnes) {
   for (int i = 0; i < 4; ++i) {
     slots.push_back(make_slot());
     std::string message;
-    ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({slots.back()}, &message)) << message;
+    residency::Acquired held;
+    ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({slots.back()}, stream_, &held, &message))
+        << message;
     EXPECT_TRUE(mapped(slots.back()));
+    EXPECT_EQ(held.slots, std::vector<Slot*>{slots.back()});
+    residency::used(held);  // the copy is recorded
   }
   wait_mapped({slots[0], slots[1]}, false);
   for (int i = 0; i < 4; ++i) fill(slots[static_cast<size_t>(i)], 60 + i);
@@ -1066,10 +1070,36 @@ TEST_F(ResidencyTest, ACapturedPeerCopyBacksTheSlotsOfBothDevices) {
   });
   Slot* a0 = make_slot(0);
   std::string message;
-  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({a0, a3}, &message)) << message;
+  residency::Acquired held;
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({a0, a3}, stream_, &held, &message))
+      << message;
   EXPECT_TRUE(mapped(a0));
   EXPECT_TRUE(mapped(a3)) << "device 3's slot is still away";
+  EXPECT_EQ(held.slots.size(), 2u);
+  residency::used(held);
   with_device(3, [&] { expect_holds(a3, 61); });
+}
+
+// The slots a captured copy names stay pinned until the copy is recorded: room made for the next
+// one evicts another slot, never them. Before, the oldest was taken (a restore short of room took
+// a capture's source between its map and the driver's check, and the capture waited
+// residency.wait_limit for a map that never came).
+TEST_F(ResidencyTest, SlotsHeldForACapturedCopyAreNotEvictedUntilItIsRecorded) {
+  configure(2 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* c = make_slot();
+  std::string message;
+  residency::Acquired held_a, held_b, held_c;
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({a}, stream_, &held_a, &message)) << message;
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({b}, stream_, &held_b, &message)) << message;
+  residency::used(held_b);  // b's copy is recorded; a's is not yet
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({c}, stream_, &held_c, &message)) << message;
+  EXPECT_TRUE(mapped(a)) << "the slot of a copy not yet recorded was evicted";
+  EXPECT_TRUE(mapped(c));
+  wait_mapped({b}, false);
+  residency::used(held_a);
+  residency::used(held_c);
 }
 
 // The eviction a restore calls off took the slot's last uses with it. Those still running on other

@@ -19,6 +19,8 @@
 #      before the capture (evicted while the graph is captured: its pinned copy is made in the
 #      relaxed capture mode); a budget too small for both is named at the rewrite, with the
 #      budget that would do, and the refused launch says why.
+#      Every buffer a slot (selection.captured_only=false) at 12 MiB and on a 40 MiB device: the
+#      capture's copies wait for room still in flight, and their slots stay mapped until recorded.
 #   4. Fallbacks: without stream memory operations the graph is instantiated as captured, said
 #      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
 #      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
@@ -192,6 +194,18 @@ evicted = [e for e in during if e["ev"] == "evict" and e["cause"] == "budget"]
 assert fetched and evicted, (len(fetched), len(evicted))
 assert s["oom_launches"] == 0 and s["errors"] == 0, s
 print(f"     the capture mapped {len(fetched)} slots for its copies, evicting {len(evicted)}")
+'
+# The same on a 40 MiB device with the automatic budget: restores short of pages evict idle
+# slots, never one a copy being recorded names (pinned until it is recorded; a restore once took
+# a copy's source between its map and the driver's check, and the capture waited
+# residency.wait_limit, then failed).
+whole capture_device "$base,selection.captured_only=false" \
+  VASWAP_SIM_DEVICE_MEMORY=40MiB VASWAP_SIM_JITTER_US=1000
+check capture_device '
+assert s["oom_launches"] == 0 and s["errors"] == 0, s
+assert s["inside_graphs"] == 1 and s["inside_launches"] == 20, s
+held = s["inside_peak_held"] // MiB
+print(f"     rewritten; the graph held at most {held} MiB at once on the 40 MiB device")
 '
 
 # 4. Fallbacks.
