@@ -2556,12 +2556,20 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
           ++stats_.oom_launches;
           *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
                      " of slots mapped, and the residency budget of " + byte_size(budget.limit) +
+                     (settings_.budget_bytes != 0
+                          ? std::string(" (residency.budget)")
+                          : std::string(" (what the device has free with every slot evicted)")) +
                      " on device " + std::to_string(ordinal) + " has " +
                      byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
                      " left with " + byte_size(freed) + " that can be evicted now (" +
                      byte_size(landing) + " more still in flight after " +
                      std::to_string(waited_ns / 1000000) + " ms; the rest used while the " +
-                     "capture is open); raise residency.budget, or free device memory";
+                     "capture is open); " +
+                     (settings_.budget_bytes != 0
+                          ? std::string("raise residency.budget, or free device memory")
+                          : std::string("free device memory, or let more of the program's "
+                                        "buffers be slots (selection.captured_only: false) so "
+                                        "that they can be evicted"));
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }

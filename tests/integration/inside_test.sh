@@ -207,6 +207,17 @@ assert s["inside_graphs"] == 1 and s["inside_launches"] == 20, s
 held = s["inside_peak_held"] // MiB
 print(f"     rewritten; the graph held at most {held} MiB at once on the 40 MiB device")
 '
+# With only the capture's buffers slots, the program's own fill a 64 MiB device: the capture's
+# first copy is refused, named, with the fix that applies to the automatic budget.
+set +e
+VASWAP_SIM_DEVICE_MEMORY=64MiB VASWAP_CONF="$base" \
+  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 ]] || fail "64 MiB device: the graph fit, the case proves nothing"
+grep -q "recorded into a capture needs 2 MiB of slots mapped, and the residency budget of 0 B (what the device has free with every slot evicted).*selection.captured_only: false" \
+  "$tmp/err" || fail "64 MiB device: the refused capture copy is not named with its fix: $(cat "$tmp/err")"
+echo "ok   64 MiB device, capture's buffers only: the capture's copy refused, named"
 
 # 4. Fallbacks.
 whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
