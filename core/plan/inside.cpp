@@ -93,20 +93,24 @@ struct Rewritten {
   CUgraph updating = nullptr;
   CUgraph updating_from = nullptr;  // the program's graph of the update in the making (its log)
   CUgraph refused_source = nullptr;
-  // An update was made whose copies could not be turned off again (copies_off's error): a
-  // restore left on may put back data the updated nodes wrote. Launches are refused with it.
-  CUresult unsafe = CUDA_SUCCESS;
-  // The program changed a node: what it uses may have changed, so nothing is unmapped any more
-  // and the windows' copies are disabled in the executable (every slot stays on the device, its
-  // data there; the windows still signal, and the executor still follows them). A copy left on
-  // would put back a slot's data from before a gap that a changed node now writes in.
-  bool disabled = false;
-  // The update in the making uses the slots elsewhere: made, it is as a changed node (disabled);
+  // What the windows do (`phase`); it only ever moves to a later one, but for stuck to off.
+  //   on: they release and restore.
+  //   off: the program changed a node (or an update made the graph use its slots elsewhere):
+  //     what it uses may have changed, so nothing is unmapped any more and the windows' copies
+  //     are disabled in the executable (every slot stays on the device, its data there; the
+  //     windows still signal, and the executor still follows them). A copy left on would put
+  //     back a slot's data from before a gap that a changed node now writes in.
+  //   stuck: off, but a restore's copy could not be disabled (`phase_error`,
+  //     cuGraphNodeSetEnabled's): the program's node changes, and updates that move the slots'
+  //     uses, are refused from then on. A later copies_off that succeeds makes it off again.
+  //   unsafe: an update was made whose copies could not be turned off again (`phase_error`):
+  //     a restore left on may put back data the updated nodes wrote. Launches are refused.
+  enum class Phase { on, off, stuck, unsafe };
+  Phase phase = Phase::on;
+  CUresult phase_error = CUDA_SUCCESS;  // stuck, unsafe: why
+  // The update in the making uses the slots elsewhere: made, it is as a changed node (off);
   // refused, nothing changed and the windows go on.
   bool update_disables = false;
-  // Why a restore's copy could not be disabled (cuGraphNodeSetEnabled's error): the program's
-  // node changes are refused from then on. CUDA_SUCCESS while none failed.
-  CUresult copies_left_on = CUDA_SUCCESS;
   // A thread works on its slots with the lock released (driver calls that wait): the executor and
   // other threads leave the graph alone until it is done (`moving` false, done_ notified).
   bool moving = false;
@@ -248,7 +252,8 @@ class Inside {
     std::lock_guard<std::mutex> lock(mutex_);
     uint64_t bytes = 0;
     for (const auto& [exec, g] : graphs_) {
-      if (g->device == device && g->tight && g->lent && !g->disabled && g->reserve > g->held) {
+      if (g->device == device && g->tight && g->lent && g->phase == Rewritten::Phase::on &&
+          g->reserve > g->held) {
         bytes += g->reserve - g->held;
       }
     }
@@ -813,12 +818,12 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   auto it = graphs_.find(exec);
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
-  if (g.unsafe != CUDA_SUCCESS) {
+  if (g.phase == Rewritten::Phase::unsafe) {
     *message =
-        left_on(g, g.unsafe,
+        left_on(g, g.phase_error,
                 " after its update: a launch could put back data from before a window over "
                 "what its updated nodes wrote, and is refused (instantiate the graph again)");
-    return g.unsafe;
+    return g.phase_error;
   }
   if (!settle_locked(lock, g)) {
     *message = "the slots of a rewritten graph were still being moved past residency.wait_limit";
@@ -860,9 +865,10 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   }
   for (Lent& lent : g.slots) {
     // With the windows' copies off, nothing would copy the data back: it stays where it is.
-    if (g.disabled && g.copies_left_on == CUDA_SUCCESS) break;
+    if (g.phase == Rewritten::Phase::off) break;
     if (lent.gone || !lent.wraps) continue;
-    const bool on_device = lent.kept || g.disabled || !g.lent || (idle && lent.mapped);
+    const bool on_device =
+        lent.kept || g.phase != Rewritten::Phase::on || !g.lent || (idle && lent.mapped);
     if (!on_device) continue;
     const std::string what = lent.slot->describe() + ", its data for a rewritten graph's launch";
     CUresult rc =
@@ -871,7 +877,7 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
       *message = cuda_failure("cuMemcpyDtoHAsync", rc, what);
       return rc;
     }
-    if (idle && g.lent && !g.disabled && !lent.kept) {
+    if (idle && g.lent && g.phase == Rewritten::Phase::on && !lent.kept) {
       // Recorded after this copy, every time: one left from a launch that was never enqueued (a
       // later slot's copy failed, or the launch itself) marks an older copy, and the pages would
       // go while this one still reads them.
@@ -1029,8 +1035,8 @@ bool Inside::advance_locked(Rewritten& g) {
         }
         drv().cuEventDestroy(lent.handed);
         lent.handed = nullptr;
-        if (rc == CUDA_SUCCESS && lent.mapped && !lent.gone && g.lent && !g.disabled &&
-            !lent.kept && release_pages(g, lent)) {
+        if (rc == CUDA_SUCCESS && lent.mapped && !lent.gone && g.lent &&
+            g.phase == Rewritten::Phase::on && !lent.kept && release_pages(g, lent)) {
           ++releases;
         }
         progressed = true;
@@ -1045,8 +1051,8 @@ bool Inside::advance_locked(Rewritten& g) {
           // Its D2H has completed (the flag follows it in the graph), and so have the uses
           // before it (the D2H follows them): the pages may go (invariant 3).
           const bool wrap_release = lent.wraps && lent.next + 1 == lent.steps.size();
-          if (lent.mapped && !lent.gone && g.lent && !g.disabled && !(wrap_release && lent.kept) &&
-              release_pages(g, lent)) {
+          if (lent.mapped && !lent.gone && g.lent && g.phase == Rewritten::Phase::on &&
+              !(wrap_release && lent.kept) && release_pages(g, lent)) {
             ++releases;
           }
         } else {
@@ -1357,7 +1363,7 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     if (lent == nullptr || lent->gone) continue;
     // On the device whenever other work runs: no windows, or kept with no window within launches,
     // or the graph's windows disabled.
-    if (g.disabled || (!lent->inner && (lent->kept || !lent->wraps))) continue;
+    if (g.phase != Rewritten::Phase::on || (!lent->inner && (lent->kept || !lent->wraps))) continue;
     const uint64_t start = trace::now_ns();
     const bool waited = g.queued > 0;
     if (!quiet_locked(lock, g, /*drain=*/true)) {
@@ -1486,7 +1492,8 @@ CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::strin
   for (const CUgraphNode node : copies.h2d) {
     const CUresult rc = driver.cuGraphNodeSetEnabled(g.exec, node, 0);
     if (rc != CUDA_SUCCESS) {
-      g.copies_left_on = rc;
+      if (g.phase != Rewritten::Phase::unsafe) g.phase = Rewritten::Phase::stuck;
+      g.phase_error = rc;
       *message = left_on(g, rc, ": the program's change would be undone by it, and is refused");
       log().error("inside one graph: {}", *message);
       return rc;
@@ -1499,7 +1506,9 @@ CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::strin
                  cuda_failure("cuGraphNodeSetEnabled", rc, "a release's copy"));
     }
   }
-  g.copies_left_on = CUDA_SUCCESS;
+  if (g.phase == Rewritten::Phase::unsafe) return CUDA_SUCCESS;  // an update was made with one on
+  g.phase = Rewritten::Phase::off;
+  g.phase_error = CUDA_SUCCESS;
   return CUDA_SUCCESS;
 }
 
@@ -1512,7 +1521,7 @@ std::string Inside::left_on(const Rewritten& g, CUresult rc, const char* outcome
 
 CUresult Inside::disable_locked(Rewritten& g, std::string* message) {
   for (Lent& lent : g.slots) lent.kept = true;
-  g.disabled = true;
+  if (g.phase == Rewritten::Phase::on) g.phase = Rewritten::Phase::off;
   note_held_locked();
   return copies_off(g, g.copies, message);
 }
@@ -1524,15 +1533,15 @@ CUresult Inside::node_changing(CUgraphExec exec, std::string* message) {
   if (it == graphs_.end()) return CUDA_SUCCESS;
   Rewritten& g = *it->second;
   Waiting waiting(*this, g);
-  if (!g.disabled) all_back_locked(lock, g, "a node of it was changed");
+  if (g.phase == Rewritten::Phase::on) all_back_locked(lock, g, "a node of it was changed");
   if (g.ended) return CUDA_SUCCESS;  // destroyed meanwhile: the program's call fails on its own
-  if (g.disabled) {                  // at an earlier change (or by another thread meanwhile)
-    if (g.copies_left_on != CUDA_SUCCESS) {
-      *message = left_on(g, g.copies_left_on,
+  if (g.phase != Rewritten::Phase::on) {  // at an earlier change (or by another thread)
+    if (g.phase_error != CUDA_SUCCESS) {
+      *message = left_on(g, g.phase_error,
                          " (at an earlier change): the program's change would be undone by it, "
                          "and is refused");
     }
-    return g.copies_left_on;
+    return g.phase_error;
   }
   const CUresult rc = disable_locked(g, message);
   if (rc == CUDA_SUCCESS) {
@@ -1574,8 +1583,8 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
   // changes nothing.
   const bool same = scan.opaque_kernels == 0 && scan.unscanned_nodes == 0 &&
                     uses_of(scan, g.recipe.picked) == g.recipe.uses;
-  if (!same && g.disabled && g.copies_left_on != CUDA_SUCCESS) {
-    *why = left_on(g, g.copies_left_on,
+  if (!same && g.phase_error != CUDA_SUCCESS) {
+    *why = left_on(g, g.phase_error,
                    " (at an earlier change): the update would be undone by it, and is refused");
     return nullptr;
   }
@@ -1587,7 +1596,7 @@ CUgraph Inside::update_source(CUgraphExec exec, CUgraph graph, const GraphScan& 
     return nullptr;
   }
   g.updating = graph;  // claimed: the copy is made without the lock
-  g.update_disables = !same && !g.disabled;
+  g.update_disables = !same && g.phase == Rewritten::Phase::on;
   const Recipe recipe = g.recipe;
   const CUcontext context = g.context;
   const bool lent = g.lent;  // else residency still has the slots
@@ -1634,14 +1643,14 @@ CUresult Inside::updated(CUgraphExec exec, CUgraph source, bool made, std::strin
       if (made) {
         drop = source;  // the executable keeps its own nodes' identity (clone's)
         // Whatever state an update gives the copies: off again where they were off.
-        const bool was_disabled = g.disabled;
+        const bool was_disabled = g.phase != Rewritten::Phase::on;
         if (g.update_disables) {
           rc = disable_locked(g, message);
-        } else if (g.disabled) {
+        } else if (was_disabled) {
           rc = copies_off(g, g.copies, message);
         }
         if (rc != CUDA_SUCCESS) {
-          g.unsafe = rc;
+          g.phase = Rewritten::Phase::unsafe;  // copies_off kept its error
         } else if (g.update_disables) {
           log().info(
               "inside one graph: graph {} is updated from graph {} with its windows added; it "
