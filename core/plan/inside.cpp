@@ -138,9 +138,10 @@ struct Rewritten {
   // What its slots may hold at once (the schedule's peak): residency counts this instead of
   // them, and the executor maps a slot only within it while a release of the launch is pending.
   uint64_t reserve = 0;
-  // Rewritten under the auto budget because its slots do not fit the device: no pages exist
-  // beyond the reserve, so a lent slot that other work uses between launches is not kept on
-  // the device (below) but brought back for that work each time.
+  // Rewritten under the auto budget because its slots do not fit the device, or under a size
+  // budget that its windows fill past: no pages exist beyond the reserve, so a lent slot that
+  // other work uses between launches is not kept on the device (below) but brought back for that
+  // work each time.
   bool tight = false;
   uint64_t held = 0;  // what its lent slots hold now
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
@@ -479,6 +480,21 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
            byte_size(allowed) + ")";
     return nullptr;
   }
+  if (!tight) {
+    // A size budget (or none, inside.mode=on) may allow more than the device has: windows whose
+    // peak the device itself cannot hold beside the graph's other slots would leave a launch
+    // waiting for pages that never come, and a 24 MiB device's 36 MiB of windows under a 28 MiB
+    // budget ended in a wait past residency.wait_limit. As captured, the launch is refused with a
+    // named error at once instead.
+    const uint64_t room = residency::device_room(device);
+    if (room != 0 && choice.peak_bytes + others > room) {
+      *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) + " at once" +
+             (others > 0 ? " (and its other slots " + byte_size(others) + ")" : "") +
+             ", more than the device could give slots at all (" + byte_size(room) +
+             ": its free memory and what slots hold, less residency.reserve)";
+      return nullptr;
+    }
+  }
 
   // The stream that copies lent slots, made now, while the instantiation holds the quiet (no
   // stream parked): vaswap's streams are not made while streams are parked (docs/PLANNER.md,
@@ -504,7 +520,11 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   g->room_overshoot.assign(g->windows, false);
   g->moved_per_launch = choice.moved_bytes;
   g->reserve = allowed > 0 ? std::max(allowed, choice.peak_bytes) : choice.peak_bytes + largest;
-  g->tight = tight;
+  // A size budget that its windows already fill past has no room beyond the reserve either:
+  // kept beyond it, slots used between launches made the executor map past its reserve every
+  // launch, and on a 40 MiB device under a 28 MiB budget it ran out of pages and ended the
+  // process (exit 70) where the auto budget ran.
+  g->tight = tight || (s.mode == Mode::automatic && choice.peak_bytes > allowed);
   const Driver& driver = drv();
   ContextScope scope(driver, g->context);
   void* flags = nullptr;

@@ -447,6 +447,7 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     return budget_locked(d);
   }
+  uint64_t device_room(int ordinal);
   Others others(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
@@ -1207,6 +1208,21 @@ void Residency::refresh_budget(Device& d) {
   std::lock_guard<std::mutex> lock(mutex_);
   d.limit = free_bytes + d.physical + kept;
   d.reserve = reserve_locked(d);
+}
+
+uint64_t Residency::device_room(int ordinal) {
+  std::lock_guard<std::mutex> submit(submit_);
+  Device& d = device(ordinal);
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    ContextScope scope(drv(), d.context);
+    if (drv().cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return 0;
+  }
+  const uint64_t kept = engine().spare_bytes(d.ordinal);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t room = free_bytes + d.physical + kept;
+  const uint64_t reserve = reserve_locked(d);
+  return room > reserve ? room - reserve : 0;
 }
 
 // Pinned copies for the victims that will copy data out, within host_pool.limit.
@@ -3972,6 +3988,7 @@ void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
 Others others(int device) { return the().others(device); }
+uint64_t device_room(int device) { return the().device_room(device); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, CUstream stream, Acquired* held,

@@ -169,6 +169,10 @@ struct Budget {
   uint64_t limit = 0, target = 0;
 };
 Budget budget(int device);
+// What `device` could give slots at most now, whatever residency.budget says: what it has free,
+// plus what slots hold there (spare handles included), less residency.reserve. Read from the
+// device; 0 when it cannot be read.
+uint64_t device_room(int device);
 
 // What the rest of the program takes of `device`'s budget, for a graph about to be rewritten
 // (core/plan/inside.h), whose executor's reserve must leave it: the reserves lent to executors

@@ -21,6 +21,8 @@
 #      budget that would do, and the refused launch says why.
 #      Every buffer a slot (selection.captured_only=false) at 12 MiB and on a 40 MiB device: the
 #      capture's copies wait for room still in flight, and their slots stay mapped until recorded.
+#      A size budget below the windows' peak on a 40 MiB device runs (nothing kept beyond the
+#      reserve); on a 24 MiB device the windows cannot fit at all: refused at once, named.
 #   4. Fallbacks: without stream memory operations the graph is instantiated as captured, said
 #      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
 #      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
@@ -207,6 +209,34 @@ assert s["inside_graphs"] == 1 and s["inside_launches"] == 20, s
 held = s["inside_peak_held"] // MiB
 print(f"     rewritten; the graph held at most {held} MiB at once on the 40 MiB device")
 '
+# A size budget below the windows' peak (36 MiB) on a 40 MiB device: no pages beyond the reserve,
+# so slots used between launches are brought back each time, never kept beyond it (kept, the
+# executor mapped past its reserve every launch, ran out of pages and ended the process, 70).
+whole size_below "$base,selection.captured_only=false,residency.budget=28MiB" \
+  VASWAP_SIM_DEVICE_MEMORY=40MiB
+check size_below '
+assert s["inside_launches"] == 20 and s["errors"] == 0, s
+assert s["inside_room_overshoots"] == 0, s
+assert s["inside_peak_held"] <= rw[0]["held_peak"] + 2 * MiB, (s, rw)
+held, peak = s["inside_peak_held"] // MiB, rw[0]["held_peak"] // MiB
+print(f"     held at most {held} MiB, the windows peak {peak}; 0 windows mapped beyond the reserve")
+'
+# On a 24 MiB device the same windows cannot fit whatever the budget says: the graph is
+# instantiated as captured, said, and its launch refused at once (it waited
+# residency.wait_limit for pages that never came).
+start=$SECONDS
+set +e
+VASWAP_SIM_DEVICE_MEMORY=24MiB VASWAP_CONF="$base,selection.captured_only=false,residency.budget=16MiB" \
+  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 ]] || fail "24 MiB device: the graph ran, the case proves nothing"
+grep -q "instantiated as captured: with its windows its slots still hold 36 MiB at once, more than the device could give slots at all" \
+  "$tmp/err" || fail "24 MiB device: the rewrite's refusal is not said: $(cat "$tmp/err")"
+grep -q "cudaGraphLaunch of graph .* needs 128 MiB of slots on device 0 at once" "$tmp/err" ||
+  fail "24 MiB device: the launch's refusal is not named"
+((SECONDS - start < 10)) || fail "24 MiB device: refused only after $((SECONDS - start)) s"
+echo "ok   24 MiB device under a 16 MiB budget: instantiated as captured, the launch refused at once"
 # With only the capture's buffers slots, the program's own fill a 64 MiB device: the capture's
 # first copy is refused, named, with the fix that applies to the automatic budget.
 set +e
