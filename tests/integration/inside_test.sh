@@ -81,6 +81,24 @@ $2
 PY
 }
 
+# refused NAME CONF [ENV...] -- [DEMO ARGS...]: the whole-graph demo under vaswap must fail
+# (its log in $tmp/err); a run that succeeds proves nothing.
+refused() {
+  local name=$1 conf=$2
+  shift 2
+  local env=()
+  while [[ $1 != -- ]]; do env+=("$1"); shift; done
+  shift
+  set +e
+  (
+    for setting in "${env[@]}"; do export "${setting?}"; done
+    VASWAP_CONF="$conf" run -- "$demo" --quiet --steps 20 --graph whole "$@" >/dev/null 2>"$tmp/err"
+  )
+  local rc=$?
+  set -e
+  [[ $rc != 0 ]] || fail "$name: the demo ran under vaswap: the case proves nothing"
+}
+
 # 2. Every gap.
 whole on "$base,inside.mode=on"
 check on '
@@ -170,12 +188,8 @@ assert s["inside_launches"] == 20 and s["oom_launches"] == 0 and s["errors"] == 
 held = rw[0]["held_peak"] // MiB
 print(f"     the graph held at most {held} MiB of the 28, the eager work 8")
 '
-set +e
-VASWAP_SIM_DEVICE_MEMORY=100MiB VASWAP_CONF="$eager,residency.budget=12MiB,residency.wait_limit=2s" \
-  run -- "$demo" --quiet --steps 20 --graph whole --eager-mib 8 >/dev/null 2>"$tmp/err"
-rc=$?
-set -e
-[[ $rc != 0 ]] || fail "eager at 12 MiB: the graph and the eager work fit, the case proves nothing"
+refused "eager at 12 MiB" "$eager,residency.budget=12MiB,residency.wait_limit=2s" \
+  VASWAP_SIM_DEVICE_MEMORY=100MiB -- --eager-mib 8
 grep -q "leaves the rest of the program too little of residency.budget (12 MiB).*a budget of at least 16 MiB" \
   "$tmp/err" || fail "eager at 12 MiB: the rewrite does not name the budget that leaves room"
 grep -q "keep their reserves between launches" "$tmp/err" || fail "eager at 12 MiB: refusal unnamed"
@@ -225,12 +239,8 @@ print(f"     held at most {held} MiB, the windows peak {peak}; 0 windows mapped 
 # instantiated as captured, said, and its launch refused at once (it waited
 # residency.wait_limit for pages that never came).
 start=$SECONDS
-set +e
-VASWAP_SIM_DEVICE_MEMORY=24MiB VASWAP_CONF="$base,selection.captured_only=false,residency.budget=16MiB" \
-  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
-rc=$?
-set -e
-[[ $rc != 0 ]] || fail "24 MiB device: the graph ran, the case proves nothing"
+refused "24 MiB device" "$base,selection.captured_only=false,residency.budget=16MiB" \
+  VASWAP_SIM_DEVICE_MEMORY=24MiB --
 grep -q "instantiated as captured: with its windows its slots still hold 36 MiB at once, more than the device could give slots at all" \
   "$tmp/err" || fail "24 MiB device: the rewrite's refusal is not said: $(cat "$tmp/err")"
 grep -q "cudaGraphLaunch of graph .* needs 128 MiB of slots on device 0 at once" "$tmp/err" ||
@@ -239,12 +249,7 @@ grep -q "cudaGraphLaunch of graph .* needs 128 MiB of slots on device 0 at once"
 echo "ok   24 MiB device under a 16 MiB budget: instantiated as captured, the launch refused at once"
 # With only the capture's buffers slots, the program's own fill a 64 MiB device: the capture's
 # first copy is refused, named, with the fix that applies to the automatic budget.
-set +e
-VASWAP_SIM_DEVICE_MEMORY=64MiB VASWAP_CONF="$base" \
-  run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
-rc=$?
-set -e
-[[ $rc != 0 ]] || fail "64 MiB device: the graph fit, the case proves nothing"
+refused "64 MiB device" "$base" VASWAP_SIM_DEVICE_MEMORY=64MiB --
 grep -q "recorded into a capture needs 2 MiB of slots mapped, and the residency budget of 0 B (what the device has free with every slot evicted).*selection.captured_only: false" \
   "$tmp/err" || fail "64 MiB device: the refused capture copy is not named with its fix: $(cat "$tmp/err")"
 echo "ok   64 MiB device, capture's buffers only: the capture's copy refused, named"
