@@ -7,7 +7,8 @@
 # and enabled state set again (--set-params-step), and updated from a copy of its captured graph
 # (--update-step, and retargeted so), and with its buffers freed before the executable
 # (--free-first), with and without vaswap; and the demo's restores short of room within its
-# graph's reserve, with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1).
+# graph's reserve, with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1); and
+# capacity edges with every buffer a slot on a device left 100, 56, 48 and 24 MiB.
 # Run from the repository root after
 #   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
 #     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda \
@@ -59,6 +60,37 @@ rm -f "$out"/*.tar.gz
       echo "$args: DIFFERENT"
   done
 } >"$out/node_change.txt" 2>&1
+
+# Capacity edges with every buffer a slot (selection.captured_only=false), the device left
+# LIMIT MiB (--limit-mib): a budget far below the windows' peak (the capture's copies wait for
+# room in flight, their slots pinned until recorded), the auto budget on 56 MiB, a size budget
+# below the peak on 48 MiB (nothing kept beyond the reserve): the checksum; and 24 MiB, where the
+# windows cannot fit: refused at once and named, never a wait for pages.
+{
+  want=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole 2>&1)
+  echo "without vaswap: $want"
+  for case in "100 identical residency.budget=12MiB" "56 identical" \
+    "48 identical residency.budget=28MiB" "24 refused residency.budget=16MiB"; do
+    read -r limit expect budget <<<"$case"
+    start=$(date +%s.%N)
+    got=$(VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.wait_limit=30s${budget:+,$budget} \
+      LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole \
+      --limit-mib "$limit" 2>"$out/edge.err")
+    rc=$?
+    secs=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
+    if [[ $rc == 0 && "$got" == "$want" ]]; then
+      verdict=identical
+    elif [[ $rc != 0 ]] && grep -q "needs .* of slots on device 0 at once" "$out/edge.err"; then
+      verdict=refused
+    else
+      verdict="other (rc $rc): $got $(grep -m2 error "$out/edge.err")"
+    fi
+    [[ $verdict == "$expect" ]] && mark=as-expected || mark=UNEXPECTED
+    echo "limit ${limit} MiB, ${budget:-auto budget}: ${secs} s, $verdict ($mark)"
+    grep -m1 "instantiated as captured" "$out/edge.err"
+  done
+  rm -f "$out/edge.err"
+} >"$out/capacity_edges.txt" 2>&1
 
 # Restores short of room within the graph's reserve, with the GPU's queues and with one
 # (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets): bench/run_room_gpu.sh for this library.
