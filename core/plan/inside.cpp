@@ -143,7 +143,8 @@ struct Rewritten {
   // other work uses between launches is not kept on the device (below) but brought back for that
   // work each time.
   bool tight = false;
-  uint64_t held = 0;  // what its lent slots hold now
+  uint64_t held = 0;        // what its lent slots hold now
+  uint64_t kept_bytes = 0;  // of its lent slots, those kept on the device between launches
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
   // windows copy and signal but nothing is unmapped).
   bool lent = false;
@@ -1434,8 +1435,22 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     // found none and the process was ended (the simulator, selection.captured_only=false).
     if (lent->wraps && !lent->kept && !g.tight) {
       lent->kept = true;
-      log().info("inside one graph: {} is used between launches: it stays on the device then",
-                 slot->describe());
+      // Kept, it holds its pages where the schedule has it away: the reserve covers the
+      // schedule's peak and every kept slot, so that restores at the peak find the room the
+      // schedule gave them (residency counts the growth, and evicts its own slots for it).
+      // Without, they waited for a release their trigger does not follow, and with one hardware
+      // queue the graph was parked on them (100 ms each, then mapped beyond the reserve).
+      g.kept_bytes += lent->slot->mapped_bytes;
+      const uint64_t need = g.recipe.choice.peak_bytes + g.kept_bytes;
+      if (need > g.reserve) {
+        const uint64_t more = need - g.reserve;
+        g.reserve = need;
+        if (g.lent) unlocked(lock, g, [&] { residency::lend_more(g.device, more); });
+      }
+      log().info(
+          "inside one graph: {} is used between launches: it stays on the device then (graph "
+          "{}'s reserve is {})",
+          slot->describe(), hex(reinterpret_cast<uintptr_t>(g.exec)), byte_size(g.reserve));
     }
     if (!away && !waited) continue;
     ++stats_.on_demand;

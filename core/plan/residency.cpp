@@ -424,6 +424,16 @@ class Residency {
   void used(const Acquired& acquired);
   bool lend(const std::vector<Slot*>& slots, uint64_t reserve, std::vector<Lent>* lent);
   void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve);
+  void lend_more(int ordinal, uint64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Device& d = device_locked(ordinal);
+      d.committed += bytes;
+      d.physical += bytes;
+      d.lent += bytes;
+    }
+    changed_.notify_all();
+  }
   void take_back_offloaded(Slot* slot, void* host);
   void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
   std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause);
@@ -3989,6 +3999,7 @@ uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, 
 Budget budget(int device) { return the().budget(device); }
 Others others(int device) { return the().others(device); }
 uint64_t device_room(int device) { return the().device_room(device); }
+void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }
 CUresult back_for_capture(const std::vector<Slot*>& slots, CUstream stream, Acquired* held,

@@ -185,6 +185,11 @@ struct Others {
 };
 Others others(int device);
 
+// A rewritten graph's executor keeps `bytes` more on `device` than the reserve it was lent (a
+// slot that other work uses between launches stays on the device): counted as lent from now
+// on, as its reserve is (take_back gives back the grown reserve).
+void lend_more(int device, uint64_t bytes);
+
 // The program's own allocation on `device` failed for want of memory: evict slots that no
 // launch in flight needs until `bytes` and residency.reserve more are free (the reserve stays
 // free after the allocation, for the driver's own needs), waiting (bounded) for their copies.
