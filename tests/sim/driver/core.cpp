@@ -265,6 +265,10 @@ extern "C" void vaswapSimSetSingleQueue(int single) {
   }
 }
 
+extern "C" void vaswapSimSetStreamBytes(unsigned long long bytes) {
+  for (Device& d : devices()) d.stream_bytes.store(static_cast<size_t>(bytes));
+}
+
 extern "C" unsigned long long vaswapSimPhysicalBytes(int device) {
   if (device < 0 || device >= device_count()) return 0;
   return devices()[static_cast<size_t>(device)].physical_bytes.load();
@@ -305,6 +309,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
     const char* hidden = std::getenv("VASWAP_SIM_SINGLE_QUEUE");
     const bool single_queue = (connections != nullptr && std::atoi(connections) == 1) ||
                               (hidden != nullptr && std::atoi(hidden) == 1);
+    const char* per_stream = std::getenv("VASWAP_SIM_STREAM_BYTES");
+    const size_t stream_bytes = per_stream != nullptr ? parse_bytes(per_stream, 0) : 0;
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
@@ -313,6 +319,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
       devs[static_cast<size_t>(i)].capacity_bytes = parse_bytes(cap, size_t{16} << 30);
       devs[static_cast<size_t>(i)].primary.device = i;
       devs[static_cast<size_t>(i)].single_queue = single_queue;
+      devs[static_cast<size_t>(i)].stream_bytes = stream_bytes;
     }
     devices().swap(devs);
     g_initialized.store(true, std::memory_order_release);

@@ -347,6 +347,7 @@ const Entry kEntries[] = {
     E("vaswapSimHostFnViolations", 0, vaswapSimHostFnViolations),
     E("vaswapSimSetSingleQueue", 0, vaswapSimSetSingleQueue),
     E("vaswapSimSetMemopsSupported", 0, vaswapSimSetMemopsSupported),
+    E("vaswapSimSetStreamBytes", 0, vaswapSimSetStreamBytes),
 };
 
 #undef E

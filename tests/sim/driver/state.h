@@ -102,6 +102,10 @@ struct Device {
   int ordinal = 0;
   size_t capacity_bytes = 0;
   std::atomic<size_t> physical_bytes{0};
+  // VASWAP_SIM_STREAM_BYTES: device memory each stream made by cuStreamCreate* holds until it is
+  // destroyed (0 by default). A GPU's streams cost some; on an H100 left 24 MiB, vaswap's were
+  // refused for want of it (bench/results/capacity_edges_session51_h100.md).
+  std::atomic<size_t> stream_bytes{0};
   Context primary;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of the device feeds one hardware queue. An
   // operation is dispatched only after every operation submitted before it (from any stream) was
@@ -266,6 +270,7 @@ struct Stream {
   bool legacy = false;
   bool per_thread = false;
   uint64_t id = 0;
+  size_t charged = 0;  // device memory it holds (Device::stream_bytes)
 
   // Work queue; tickets count operations: the op pushed as ticket t is done once completed >= t.
   struct Op {

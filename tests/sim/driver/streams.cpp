@@ -347,7 +347,11 @@ CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, in
   }
   int dev = 0;
   SIM_TRY(current_device(&dev));
-  *ph = reinterpret_cast<CUstream>(make_stream(dev, flags, priority).get());
+  const size_t cost = devices()[static_cast<size_t>(dev)].stream_bytes.load();
+  if (cost > 0) SIM_TRY(charge_physical(dev, cost));
+  const std::shared_ptr<Stream> s = make_stream(dev, flags, priority);
+  s->charged = cost;
+  *ph = reinterpret_cast<CUstream>(s.get());
   return CUDA_SUCCESS;
 }
 
@@ -372,6 +376,7 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream h) {
     if (s->capture) invalidate(s->capture);
   }
   s->stop_and_join();  // pending work completes first, as on a GPU
+  if (s->charged > 0) refund_physical(s->device, s->charged);
   return CUDA_SUCCESS;
 }
 

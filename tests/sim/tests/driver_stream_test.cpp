@@ -304,4 +304,27 @@ TEST_F(StreamTest, CopiesWithPageableMemoryWaitForTheirStream) {
   ASSERT_CU(cuStreamDestroy(s));
 }
 
+// VASWAP_SIM_STREAM_BYTES / vaswapSimSetStreamBytes: a stream holds device memory until it is
+// destroyed, and one the device cannot hold is refused as out of memory, as on a GPU left too
+// little.
+TEST_F(StreamTest, StreamsHoldDeviceMemoryWhenAskedAndFailOutOfMemory) {
+  bind_device(1);  // 512 MiB
+  const unsigned long long before = vaswapSimPhysicalBytes(1);
+  vaswapSimSetStreamBytes(200ull << 20);
+  CUstream a = nullptr, b = nullptr, c = nullptr;
+  ASSERT_CU(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  EXPECT_EQ(before + (400ull << 20), vaswapSimPhysicalBytes(1));
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  EXPECT_EQ(nullptr, c);
+  ASSERT_CU(cuStreamDestroy(a));
+  EXPECT_EQ(before + (200ull << 20), vaswapSimPhysicalBytes(1));
+  ASSERT_CU(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  vaswapSimSetStreamBytes(0);
+  ASSERT_CU(cuStreamDestroy(b));
+  ASSERT_CU(cuStreamDestroy(c));  // holds what it was made with
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(1));
+  bind_device(0);
+}
+
 }  // namespace

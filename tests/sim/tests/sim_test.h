@@ -40,7 +40,10 @@ class SimTest : public ::testing::Test {
     bind_device(0);
     vaswapSimClearFaults();
   }
-  void TearDown() override { vaswapSimClearFaults(); }
+  void TearDown() override {
+    vaswapSimClearFaults();
+    vaswapSimSetStreamBytes(0);
+  }
 };
 
 inline CUmemAllocationProp device_prop(int dev = 0) {

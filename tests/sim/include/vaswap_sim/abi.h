@@ -80,6 +80,9 @@ unsigned long long vaswapSimLiveEvents(void);
 void vaswapSimSetSingleQueue(int single);
 /* Stream memory operations supported (1, the default) or not (0, as VASWAP_SIM_MEMOPS=0). */
 void vaswapSimSetMemopsSupported(int supported);
+/* Device memory each stream made from now on holds until destroyed (as VASWAP_SIM_STREAM_BYTES;
+ * 0, the default, makes streams free). A creation the device cannot hold is out of memory. */
+void vaswapSimSetStreamBytes(unsigned long long bytes);
 
 #ifdef __cplusplus
 }
