@@ -487,12 +487,12 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     // waiting for pages that never come, and a 24 MiB device's 36 MiB of windows under a 28 MiB
     // budget ended in a wait past residency.wait_limit. As captured, the launch is refused with a
     // named error at once instead.
-    const uint64_t room = residency::device_room(device);
-    if (room != 0 && choice.peak_bytes + others > room) {
+    const std::optional<uint64_t> room = residency::device_room(device);
+    if (room && choice.peak_bytes + others > *room) {
       *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) + " at once" +
              (others > 0 ? " (and its other slots " + byte_size(others) + ")" : "") +
-             ", more than the device could give slots at all (" + byte_size(room) +
-             ": its free memory and what slots hold, less residency.reserve)";
+             ", more than the device could give slots at all (" + byte_size(*room) +
+             ": its free memory and what slots hold, less residency.reserve if set)";
       return nullptr;
     }
   }

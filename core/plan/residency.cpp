@@ -457,7 +457,8 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     return budget_locked(d);
   }
-  uint64_t device_room(int ordinal);
+  std::optional<uint64_t> device_room(int ordinal);
+  std::optional<uint64_t> slot_room(Device& d);
   Others others(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
@@ -569,6 +570,7 @@ class Residency {
   void carry_out(Actions& actions, bool waits, CUstream stream);
   bool evict_ahead(Device& d, Job& job);
   CUstream idle_out_stream(Device& d);
+  CUresult make_handshake_streams(Device& d);
   // Uploads them on the two streams given.
   // Copy graphs are first-time work (see make_graphs_first): made only while no stream is parked.
   void make_graphs_first(Device& d, const std::vector<Job>& jobs);
@@ -772,35 +774,20 @@ void Residency::start_device(Device& d) {
     // The probe's write must land before its flag serves a slot: a late write of 0 would undo a
     // restore's publication, and a stream would wait for it forever.
     if (rc == CUDA_SUCCESS) rc = driver.cuStreamSynchronize(d.restore);
-    if (rc == CUDA_SUCCESS) {
-      // Every stream the handshake uses is made now, before any stream is parked: on the H200 an
-      // application thread making an eviction stream while streams were parked stayed inside
-      // cuStreamCreate, holding the residency lock and a driver lock the mover's next call needed
-      // (bench/results/staged_h200.md run 25, first_launch_h200.md run 61; made up front, 48 of
-      // 48 runs passed, streams_first_h200.md). A stream made while one is parked returns at
-      // once in park_probe --create, so what held it is not established.
-      rc = with_retries([&] { return driver.cuStreamCreate(&d.ahead_in, CU_STREAM_NON_BLOCKING); });
-      while (rc == CUDA_SUCCESS && d.ahead_out.size() < kAheadStreams) {
-        CUstream out = nullptr;
-        rc = with_retries([&] { return driver.cuStreamCreate(&out, CU_STREAM_NON_BLOCKING); });
-        if (rc == CUDA_SUCCESS) d.ahead_out.push_back(out);
-      }
-      if (rc != CUDA_SUCCESS) {
-        die(cuda_failure(
-            "cuStreamCreate", rc,
-            "vaswap's device-handshake streams on device " + std::to_string(d.ordinal)));
-      }
-    }
-    if (rc == CUDA_SUCCESS) {
+    if (rc != CUDA_SUCCESS) {
+      fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
+                 cuda_error_name(rc) + ")";
+    } else if (const CUresult made = make_handshake_streams(d); made != CUDA_SUCCESS) {
+      // A device the program has all but filled: the host handshake needs none of these streams.
+      fallback = "vaswap's own streams for it could not be made (cuStreamCreate gave " +
+                 cuda_error_name(made) + ")";
+    } else {
       d.device_handshake = true;
       parks_.store(true, std::memory_order_release);
       if (s.d2h_gate) {
         d.gate = take_flag(d);
         gates_.add(d.ordinal, d.gate.host);
       }
-    } else {
-      fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
-                 cuda_error_name(rc) + ")";
     }
     d.free_flags.push_back(probe);
   }
@@ -828,6 +815,30 @@ void Residency::start_device(Device& d) {
         .add("why", fallback)
         .emit();
   }
+}
+
+// Every stream the device handshake uses, made before any stream is parked: on the H200 an
+// application thread making an eviction stream while streams were parked stayed inside
+// cuStreamCreate, holding the residency lock and a driver lock the mover's next call needed
+// (bench/results/staged_h200.md run 25, first_launch_h200.md run 61; made up front, 48 of 48 runs
+// passed, streams_first_h200.md). A stream made while one is parked returns at once in
+// park_probe --create, so what held it is not established. On a failure none is kept.
+CUresult Residency::make_handshake_streams(Device& d) {
+  const Driver& driver = drv();
+  CUresult rc =
+      with_retries([&] { return driver.cuStreamCreate(&d.ahead_in, CU_STREAM_NON_BLOCKING); });
+  while (rc == CUDA_SUCCESS && d.ahead_out.size() < kAheadStreams) {
+    CUstream out = nullptr;
+    rc = with_retries([&] { return driver.cuStreamCreate(&out, CU_STREAM_NON_BLOCKING); });
+    if (rc == CUDA_SUCCESS) d.ahead_out.push_back(out);
+  }
+  if (rc != CUDA_SUCCESS) {
+    if (d.ahead_in != nullptr) driver.cuStreamDestroy(d.ahead_in);
+    for (CUstream out : d.ahead_out) driver.cuStreamDestroy(out);
+    d.ahead_in = nullptr;
+    d.ahead_out.clear();
+  }
+  return rc;
 }
 
 Flag Residency::take_flag(Device& d) {
@@ -1198,41 +1209,45 @@ void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out)
 // Carrying decisions out (application thread, under submit_)
 // =============================================================================================
 
-// Auto: what the device has free now plus what slots hold now, less the reserve.
-void Residency::refresh_budget(Device& d) {
-  bool fixed = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    fixed = settings_.budget_bytes != 0;
-  }
-  if (fixed) return;
+// What the device could give slots now: what it has free plus what slots hold there (spare
+// handles included: reusable by slots, not the program's). Empty when it cannot be read.
+std::optional<uint64_t> Residency::slot_room(Device& d) {
   const Driver& driver = drv();
   size_t free_bytes = 0, total_bytes = 0;
-  CUresult rc = CUDA_SUCCESS;
   {
     ContextScope scope(driver, d.context);
-    rc = driver.cuMemGetInfo(&free_bytes, &total_bytes);
-  }
-  if (rc != CUDA_SUCCESS) return;                         // keep the last figure
-  const uint64_t kept = engine().spare_bytes(d.ordinal);  // reusable by slots: not the program's
-  std::lock_guard<std::mutex> lock(mutex_);
-  d.limit = free_bytes + d.physical + kept;
-  d.reserve = reserve_locked(d);
-}
-
-uint64_t Residency::device_room(int ordinal) {
-  std::lock_guard<std::mutex> submit(submit_);
-  Device& d = device(ordinal);
-  size_t free_bytes = 0, total_bytes = 0;
-  {
-    ContextScope scope(drv(), d.context);
-    if (drv().cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return 0;
+    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return std::nullopt;
   }
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t room = free_bytes + d.physical + kept;
-  const uint64_t reserve = reserve_locked(d);
-  return room > reserve ? room - reserve : 0;
+  return free_bytes + d.physical + kept;
+}
+
+// Auto: the device's room for slots now, less the reserve.
+void Residency::refresh_budget(Device& d) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (settings_.budget_bytes != 0) return;
+  }
+  const std::optional<uint64_t> room = slot_room(d);
+  if (!room) return;  // keep the last figure
+  std::lock_guard<std::mutex> lock(mutex_);
+  d.limit = *room;
+  d.reserve = reserve_locked(d);
+}
+
+std::optional<uint64_t> Residency::device_room(int ordinal) {
+  std::lock_guard<std::mutex> submit(submit_);
+  Device& d = device(ordinal);
+  const std::optional<uint64_t> room = slot_room(d);
+  if (!room) return std::nullopt;
+  // Only a reserve the user set: the automatic one (a share of the whole GPU) is the auto
+  // budget's headroom, not a bound on what a size budget's slots can have. On an H100 left
+  // 100 MiB, windows peaking at 36 MiB ran under a 12 MiB budget beside an automatic reserve of
+  // 512 MiB (bench/results/capacity_edges_session51_h100.md).
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t reserve = settings_.reserve_bytes;
+  return *room > reserve ? *room - reserve : 0;
 }
 
 // Pinned copies for the victims that will copy data out, within host_pool.limit.
@@ -4004,7 +4019,7 @@ void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
 Others others(int device) { return the().others(device); }
-uint64_t device_room(int device) { return the().device_room(device); }
+std::optional<uint64_t> device_room(int device) { return the().device_room(device); }
 void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }
 void capture_beginning(CUstream stream) { the().close_uses(stream); }
 void stream_gone(CUstream stream) { the().close_uses(stream); }

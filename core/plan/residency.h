@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -170,9 +171,9 @@ struct Budget {
 };
 Budget budget(int device);
 // What `device` could give slots at most now, whatever residency.budget says: what it has free,
-// plus what slots hold there (spare handles included), less residency.reserve. Read from the
-// device; 0 when it cannot be read.
-uint64_t device_room(int device);
+// plus what slots hold there (spare handles included), less residency.reserve where the user set
+// one. Read from the device; empty when it cannot be read.
+std::optional<uint64_t> device_room(int device);
 
 // What the rest of the program takes of `device`'s budget, for a graph about to be rewritten
 // (core/plan/inside.h), whose executor's reserve must leave it: the reserves lent to executors

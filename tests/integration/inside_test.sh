@@ -21,7 +21,10 @@
 #      Every buffer a slot (selection.captured_only=false) at 12 MiB and on a 40 MiB device: the
 #      capture's copies wait for room still in flight, and their slots stay mapped until recorded.
 #      A size budget below the windows' peak on a 40 MiB device runs (nothing kept beyond the
-#      reserve); on a 24 MiB device the windows cannot fit at all: refused at once, named.
+#      reserve); on a 24 MiB device the windows cannot fit at all: refused at once, named; the
+#      same where the program leaves 24 MiB of a 16 GiB device (the automatic reserve is no bound
+#      on a size budget's room). Streams that cost device memory (VASWAP_SIM_STREAM_BYTES): with
+#      no room for vaswap's device-handshake streams, the host handshake, said, and the checksum.
 #   4. Fallbacks: without stream memory operations the graph is instantiated as captured, said
 #      once as a warning, same checksum; with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)
 #      the rewritten graph runs to the same checksum (its copies are its own nodes, enqueued
@@ -241,18 +244,48 @@ assert s["inside_peak_held"] <= rw[0]["held_peak"] + 2 * MiB, (s, rw)
 held, peak = s["inside_peak_held"] // MiB, rw[0]["held_peak"] // MiB
 print(f"     held at most {held} MiB, the windows peak {peak}; 0 windows mapped beyond the reserve")
 '
-# On a 24 MiB device the same windows cannot fit whatever the budget says: the graph is
-# instantiated as captured, said, and its launch refused at once (it waited
-# residency.wait_limit for pages that never came).
-start=$SECONDS
-refused "24 MiB device" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_DEVICE_MEMORY=24MiB --
-grep -q "instantiated as captured: with its windows its slots still hold 36 MiB at once, more than the device could give slots at all" \
-  "$tmp/err" || fail "24 MiB device: the rewrite's refusal is not said: $(cat "$tmp/err")"
-grep -q "cudaGraphLaunch of graph .* needs 128 MiB of slots on device 0 at once" "$tmp/err" ||
-  fail "24 MiB device: the launch's refusal is not named"
-((SECONDS - start < 10)) || fail "24 MiB device: refused only after $((SECONDS - start)) s"
+# too_small NAME [ENV...] -- [DEMO ARGS...]: every buffer a slot under a 16 MiB budget, where the
+# device cannot hold the windows' 36 MiB whatever the budget says: the graph is instantiated as
+# captured, said, and its launch refused at once (it waited residency.wait_limit for pages that
+# never came).
+too_small() {
+  local name=$1 start=$SECONDS
+  shift
+  refused "$name" "$base,selection.captured_only=false,residency.budget=16MiB" "$@"
+  grep -q "instantiated as captured: with its windows its slots still hold 36 MiB at once, more than the device could give slots at all" \
+    "$tmp/err" || fail "$name: the rewrite's refusal is not said: $(cat "$tmp/err")"
+  grep -q "cudaGraphLaunch of graph .* needs 128 MiB of slots on device 0 at once" "$tmp/err" ||
+    fail "$name: the launch's refusal is not named"
+  ((SECONDS - start < 10)) || fail "$name: refused only after $((SECONDS - start)) s"
+}
+too_small "24 MiB device" VASWAP_SIM_DEVICE_MEMORY=24MiB --
 echo "ok   24 MiB device under a 16 MiB budget: instantiated as captured, the launch refused at once"
+# The same 24 MiB left on a 16 GiB device by the program itself (--limit-mib, as a job that has
+# filled the GPU), each stream holding 2 MiB (VASWAP_SIM_STREAM_BYTES: a GPU's streams cost device
+# memory). The automatic residency.reserve (1/32 of the GPU, 512 MiB) is the auto budget's
+# headroom, not a bound on a size budget's room: counted so, it hid the room check. vaswap's
+# device-handshake streams do not fit: it takes the host handshake and says why (on an H100 left
+# 24 MiB the process ended, exit 70).
+too_small "24 MiB left" VASWAP_SIM_STREAM_BYTES=2MiB -- --limit-mib 24
+handshake_fallback="the host handshake, because vaswap's own streams for it could not be made (cuStreamCreate gave CUDA_ERROR_OUT_OF_MEMORY)"
+grep -q "$handshake_fallback" "$tmp/err" ||
+  fail "24 MiB left: the host handshake is not said: $(cat "$tmp/err")"
+echo "ok   24 MiB left on a 16 GiB device: the host handshake said, the launch refused at once"
+# 56 MiB left, 4 MiB a stream: vaswap's copy streams fit, its 17 device-handshake streams do not.
+# The host handshake runs the rewritten graph to the checksum.
+got=$(VASWAP_SIM_STREAM_BYTES=4MiB \
+  VASWAP_CONF="$base,selection.captured_only=false,residency.budget=12MiB,log.level=info" \
+  run --trace "$tmp/streams_oom.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+  --limit-mib 56 2>"$tmp/err") || fail "streams_oom: the demo failed under vaswap: $(cat "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "streams_oom: checksum '$got', without vaswap '$want'"
+[[ $(grep -c "$handshake_fallback" "$tmp/err") == 1 ]] || fail "streams_oom: the host handshake not said once"
+check streams_oom '
+r = next(e for e in ev if e["ev"] == "residency")
+assert r["handshake"] == "host" and "could not be made" in r["why"], r
+assert len(rw) == 1 and s["inside_launches"] == 20 and s["inside_failures"] == 0, (rw, s)
+assert s["errors"] == 0 and s["inside_room_overshoots"] == 0, s
+'
+echo "ok   streams_oom: 56 MiB left, the handshake streams out of memory: the host handshake, $got"
 # With only the capture's buffers slots, the program's own fill a 64 MiB device: the capture's
 # first copy is refused, named, with the fix that applies to the automatic budget.
 refused "64 MiB device" "$base" VASWAP_SIM_DEVICE_MEMORY=64MiB --
