@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "base/log.h"
 #include "base/symbols.h"
 
 namespace vaswap {
@@ -94,7 +95,24 @@ GetProcAddress driver_get_proc_address(std::string* error) {
   return fn;
 }
 
+namespace {
+std::atomic<bool> g_shut_down{false};
+}  // namespace
+
+bool driver_shut_down() { return g_shut_down.load(std::memory_order_acquire); }
+
+void notice_result(CUresult result) {
+  if (result != CUDA_ERROR_DEINITIALIZED || g_shut_down.exchange(true)) return;
+  log().debug(
+      "the CUDA driver is shutting down (CUDA_ERROR_DEINITIALIZED): the process is exiting; "
+      "vaswap steps aside and says nothing more");
+  log().set_level(spdlog::level::off);
+}
+
 std::string cuda_error_name(CUresult result) {
+  notice_result(result);
+  // Named here: the shut-down driver no longer answers cuGetErrorName.
+  if (result == CUDA_ERROR_DEINITIALIZED) return "CUDA_ERROR_DEINITIALIZED";
   const Driver* driver = load_driver(nullptr);
   return driver != nullptr ? error_name(*driver, result)
                            : "CUresult " + std::to_string(static_cast<int>(result));

@@ -69,7 +69,15 @@ using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
 GetProcAddress driver_get_proc_address(std::string* error = nullptr);
 
 // "CUDA_ERROR_OUT_OF_MEMORY" for a code, or "CUresult 999" when the driver has no name for it.
+// Every failure vaswap names passes here, so it also notices the driver's shutdown (below).
 std::string cuda_error_name(CUresult result);
+
+// Whether a driver call has answered CUDA_ERROR_DEINITIALIZED: the driver is shutting down, so
+// the process is exiting. What fails from then on is the teardown, not the program's work: vaswap
+// says nothing more (the log goes off), its hooks forward every call untouched, and its own
+// threads stop where they are instead of ending the process with a status of their own.
+bool driver_shut_down();
+void notice_result(CUresult result);
 
 // Microseconds from one recorded timing event to another (cuEventElapsedTime); 0 when the driver
 // cannot say (an event not recorded, or made without timing).

@@ -430,6 +430,7 @@ bool routing_on() {
 }
 
 bool on() {
+  if (driver_shut_down()) return false;  // the process is exiting: every call goes straight on
   if (routing_on()) {
     start();
     return true;

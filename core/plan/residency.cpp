@@ -3954,6 +3954,17 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
   return CUDA_SUCCESS;
 }
 [[noreturn]] void end_process(const char* who, const std::string& message) {
+  if (driver_shut_down()) {
+    // The program is exiting and the driver has gone (its failure is the teardown's): one of
+    // vaswap's threads stops here, so that the exit keeps the program's status, and the exit
+    // ends it. An application thread still ends the process, said.
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    if (std::string_view(name).substr(0, 7) == "vaswap-") {
+      for (;;) pause();
+    }
+    log().set_level(spdlog::level::err);
+  }
   const std::string text = message +
                            ". vaswap cannot keep this process's device work correct past this "
                            "point, and ends it (DESIGN.md invariant 12)";

@@ -7,6 +7,8 @@
 #   - SIGTERM ends the trace with trace_end (signal) and still kills the program by SIGTERM; an
 #     ignored SIGINT stays ignored; a handler the program installs later still runs, after a flush;
 #   - a full disk (/dev/full) is one error on the log and a count in the exit summary;
+#   - a program that fails while vaswap's copies run exits with its own status, vaswap silent as
+#     the driver shuts down;
 #   - an unknown VASWAP_LOG_LEVEL is an error that lists the valid ones, not silence;
 #   - a setuid program on the C API path does not write where VASWAP_TRACE says.
 set -euo pipefail
@@ -141,6 +143,27 @@ grep -qF '[vaswap] error: trace: writing /dev/full failed: No space left on devi
 grep -qE '; 0 errors; trace: [0-9]+ events lost \(/dev/full: No space left on device\)$' "$tmp/err" ||
   fail "full: the summary does not count the lost events"
 echo "ok   a full disk: one error naming the file and errno, the loss in the summary, the program unaffected"
+
+# --- Exit while vaswap works ----------------------------------------------------------------------
+# The program fails and exits while an eviction's copy is still running (a copy engine held
+# 400 ms). The simulated driver shuts down at exit, after the atexit handlers, as a GPU's does:
+# vaswap's threads then meet CUDA_ERROR_DEINITIALIZED. The exit keeps the program's status (1)
+# and vaswap says nothing about the teardown. (A completion thread ended such a process with
+# vaswap's 70 on an H100, and on the simulator in 5 of 6 of these runs before.)
+demo=$build/bin/train_layers
+for n in 40 80 120; do
+  set +e
+  VASWAP_SIM_FAULTS=copy_stall:3:400,cudaLaunchKernel:$n:2 VASWAP_SIM_DEVICE_MEMORY=100MiB \
+    VASWAP_CONF=selection.min_bytes=1MiB,residency.budget=28MiB \
+    run -- "$demo" --quiet --steps 20 >/dev/null 2>"$tmp/err"
+  rc=$?
+  set -e
+  grep -q "injected fault: copy_stall" "$tmp/err" || fail "exit at launch $n: the copy was not held"
+  grep -q "train_layers: cudaLaunchKernel.* failed" "$tmp/err" || fail "exit at launch $n: the program did not fail: $(cat "$tmp/err")"
+  [[ $rc == 1 ]] || fail "exit at launch $n: exit status $rc, the program's is 1: $(cat "$tmp/err")"
+  ! grep -q "^\[vaswap\]" "$tmp/err" || fail "exit at launch $n: vaswap spoke at the teardown: $(grep "^\[vaswap\]" "$tmp/err")"
+done
+echo "ok   a program that fails while vaswap copies exits with its own status (1), vaswap silent at the teardown"
 
 # --- The environment ----------------------------------------------------------------------------
 VASWAP_LOG_LEVEL=loud PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True run -- "$probe" >"$tmp/out" 2>"$tmp/err" ||

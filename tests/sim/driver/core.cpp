@@ -21,6 +21,7 @@ thread_local bool tls_null_is_per_thread = false;
 namespace {
 
 std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_shut_down{false};
 thread_local Context* tls_context = nullptr;
 
 // Parses "16GiB", "512MiB", "1048576".
@@ -109,6 +110,7 @@ void arm_faults_from_env() {
 }  // namespace
 
 bool initialized() { return g_initialized.load(std::memory_order_acquire); }
+bool shut_down() { return g_shut_down.load(std::memory_order_acquire); }
 
 CUresult fault_check(const char* function) {
   const int error = vaswapSimFaultCheck(function);
@@ -284,6 +286,16 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   static std::once_flag once;
   std::call_once(once, [] {
+    // The driver shuts down as the process exits, after the atexit handlers registered after
+    // this first cuInit (a runtime's, or vaswap's) have run: every call from then on answers
+    // CUDA_ERROR_DEINITIALIZED, as a GPU's driver did to vaswap's threads once the program had
+    // called exit (bench/results/capacity_edges_session51_h100.md). The teardown waits for the
+    // device's pending work (500 ms at most), which still retires; threads that call meanwhile see
+    // the shut-down driver.
+    std::atexit([] {
+      g_shut_down.store(true, std::memory_order_release);
+      drain_at_shutdown(std::chrono::milliseconds(500));
+    });
     arm_faults_from_env();
     count_from_env();
     install_fault_reporter();

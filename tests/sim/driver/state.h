@@ -44,6 +44,11 @@ extern std::atomic<unsigned long long> g_host_fn_violations;
 extern thread_local bool tls_null_is_per_thread;
 
 bool initialized();
+// The process is exiting and the driver has shut down: every call is CUDA_ERROR_DEINITIALIZED.
+bool shut_down();
+// At shutdown: waits (`limit` at most) for every stream's enqueued work to retire, as a GPU's
+// driver tears its contexts down behind the device's pending work.
+void drain_at_shutdown(std::chrono::milliseconds limit);
 CUresult fault_check(const char* function);
 // The error a device fault left on the calling thread's device (any device when no context is
 // current), or CUDA_SUCCESS. Sticky, as on a GPU: every later call returns it.
@@ -66,6 +71,7 @@ bool kernel_faults();
       return CUDA_ERROR_NOT_PERMITTED;                                          \
     }                                                                           \
     if (!::vsim::initialized()) return CUDA_ERROR_NOT_INITIALIZED;              \
+    if (::vsim::shut_down()) return CUDA_ERROR_DEINITIALIZED;                   \
     if (CUresult sim_sticky_ = ::vsim::sticky_error()) return sim_sticky_;      \
     if (CUresult sim_fault_ = ::vsim::fault_check(__func__)) return sim_fault_; \
   } while (0)

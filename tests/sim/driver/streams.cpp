@@ -763,3 +763,18 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   std::swap(*mode, tls_capture_mode);
   return CUDA_SUCCESS;
 }
+
+void vsim::drain_at_shutdown(std::chrono::milliseconds limit) {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (auto& entry : stream_registry()) streams.push_back(entry.second);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (const auto& s : streams) {
+    const uint64_t t = s->tail();
+    while (!s->done(t) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
