@@ -503,6 +503,19 @@ class Residency {
     return settings_.reserve_bytes != 0 ? settings_.reserve_bytes
                                         : std::min<uint64_t>(kAutoReserveMax, d.total / 32);
   }
+  // "the residency budget of 4 MiB (residency.budget)", or the auto budget's kind; and the fix
+  // that applies to it, for a refusal's message.
+  std::string budget_named_locked(const Budget& budget) const {
+    return "the residency budget of " + byte_size(budget.limit) +
+           (settings_.budget_bytes != 0 ? " (residency.budget)"
+                                        : " (what the device has free with every slot evicted)");
+  }
+  std::string budget_fix_locked() const {
+    return settings_.budget_bytes != 0
+               ? "raise residency.budget, or free device memory"
+               : "free device memory, or let more of the program's buffers be slots "
+                 "(selection.captured_only: false) so that they can be evicted";
+  }
   Budget budget_locked(const Device& d) const {
     if (settings_.budget_bytes != 0) return {settings_.budget_bytes, settings_.budget_bytes};
     return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0};
@@ -1953,14 +1966,10 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
       const Budget budget = budget_locked(d);
       if (!refresh && need_pages > budget.limit) {
         ++stats_.oom_launches;
-        *message = what + " needs " + byte_size(need_pages) + " of slots on device " +
-                   std::to_string(ordinal) + " at once, more than the residency budget of " +
-                   byte_size(budget.limit) +
-                   (settings_.budget_bytes != 0
-                        ? std::string(" (residency.budget)")
-                        : std::string(" (what the device has free with every slot evicted)")) +
-                   "; nothing was launched and every slot keeps its data. Raise the budget, or "
-                   "free device memory";
+        *message =
+            what + " needs " + byte_size(need_pages) + " of slots on device " +
+            std::to_string(ordinal) + " at once, more than " + budget_named_locked(budget) +
+            "; nothing was launched and every slot keeps its data. To fix: " + budget_fix_locked();
         if (trace::enabled()) {
           trace::Record(trace::Event::oom)
               .add("what", what)
@@ -2602,21 +2611,13 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
         if (!settling) {
           ++stats_.oom_launches;
           *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
-                     " of slots mapped, and the residency budget of " + byte_size(budget.limit) +
-                     (settings_.budget_bytes != 0
-                          ? std::string(" (residency.budget)")
-                          : std::string(" (what the device has free with every slot evicted)")) +
-                     " on device " + std::to_string(ordinal) + " has " +
+                     " of slots mapped, and " + budget_named_locked(budget) + " on device " +
+                     std::to_string(ordinal) + " has " +
                      byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
                      " left with " + byte_size(freed) + " that can be evicted now (" +
                      byte_size(landing) + " more still in flight after " +
                      std::to_string(waited_ns / 1000000) + " ms; the rest used while the " +
-                     "capture is open); " +
-                     (settings_.budget_bytes != 0
-                          ? std::string("raise residency.budget, or free device memory")
-                          : std::string("free device memory, or let more of the program's "
-                                        "buffers be slots (selection.captured_only: false) so "
-                                        "that they can be evicted"));
+                     "capture is open); " + budget_fix_locked();
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }
