@@ -143,6 +143,10 @@ struct Rewritten {
   // other work uses between launches is not kept on the device (below) but brought back for that
   // work each time.
   bool tight = false;
+  // Under a size budget: what its reserve may grow to for slots kept on the device (the budget,
+  // less what the rest of the program needs of it); 0: no bound.
+  uint64_t keep_limit = 0;
+  bool said_not_kept = false;
   uint64_t held = 0;        // what its lent slots hold now
   uint64_t kept_bytes = 0;  // of its lent slots, those kept on the device between launches
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
@@ -526,6 +530,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   // launch, and on a 40 MiB device under a 28 MiB budget it ran out of pages and ended the
   // process (exit 70) where the auto budget ran.
   g->tight = tight || (s.mode == Mode::automatic && choice.peak_bytes > allowed);
+  // (inside.mode=on chooses no target: the budget itself.)
+  if (s.budget_bytes != 0) g->keep_limit = allowed > 0 ? allowed : s.budget_bytes;
   const Driver& driver = drv();
   ContextScope scope(driver, g->context);
   void* flags = nullptr;
@@ -1433,7 +1439,22 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     // Kept, it would hold its pages where the schedule has it away (its wrap window), beyond the
     // reserve: where the device has no pages beyond it (tight), a restore of the launch then
     // found none and the process was ended (the simulator, selection.captured_only=false).
-    if (lent->wraps && !lent->kept && !g.tight) {
+    // A size budget that cannot hold it beside the schedule's peak: brought back for each use,
+    // as under the tight budget. Kept, it took the slots 2 MiB past a 28 MiB budget
+    // (inside_test.sh "capacity", a run under load).
+    const bool room =
+        g.keep_limit == 0 ||
+        g.recipe.choice.peak_bytes + g.kept_bytes + lent->slot->mapped_bytes <= g.keep_limit;
+    if (lent->wraps && !lent->kept && !g.tight && !room && !g.said_not_kept) {
+      g.said_not_kept = true;
+      log().info(
+          "inside one graph: {} is used between launches, but residency.budget leaves graph {} "
+          "no room to keep it on the device beside its windows' {}: it is brought back for each "
+          "such use",
+          slot->describe(), hex(reinterpret_cast<uintptr_t>(g.exec)),
+          byte_size(g.recipe.choice.peak_bytes));
+    }
+    if (lent->wraps && !lent->kept && !g.tight && room) {
       lent->kept = true;
       // Kept, it holds its pages where the schedule has it away: the reserve covers the
       // schedule's peak and every kept slot, so that restores at the peak find the room the
