@@ -552,9 +552,12 @@ class Residency {
   std::vector<Entry*> victims_locked(const Device& d, uint64_t pages,
                                      const std::vector<Entry*>& keep, bool recorded_only = false,
                                      uint64_t* held_back = nullptr) const;
+  // Whether `e` cannot be evicted for a while only: pinned by a launch being prepared, used
+  // behind a parked stream, or not yet able to evict ahead (a restore still landing). Victims
+  // pass such slots over.
+  bool settling_locked(const Device& d, const Entry& e) const;
   // The pages of resident slots (other than `keep`) whose last uses are closed by recorded marks
-  // but that cannot be evicted for a while only: pinned by a launch being prepared, used behind a
-  // parked stream, or not yet able to evict ahead (a restore still landing).
+  // but that are settling.
   uint64_t settling_pages_locked(const Device& d, const std::vector<Entry*>& keep) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
   void restore_locked(Entry& e, const char* cause, Actions* out);
@@ -1051,9 +1054,8 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
     if (e.device != d.ordinal || e.where != Where::resident) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
     const bool passed_over =
-        e.pins > 0 || (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e)) ||
-        (!parked_.empty() && held_by_parked_stream_locked(e)) ||
-        (d.device_handshake && !evicts_ahead_locked(e));
+        settling_locked(d, e) ||
+        (recorded_only ? !marks_closed(e) : !evictable_during_capture_locked(e));
     if (passed_over) {
       if (held_back != nullptr) *held_back += e.pages;
       continue;
@@ -1077,15 +1079,17 @@ std::vector<Entry*> Residency::victims_locked(const Device& d, uint64_t pages,
 // Decisions (under mutex_): state changes, and the jobs that carry them out
 // =============================================================================================
 
+bool Residency::settling_locked(const Device& d, const Entry& e) const {
+  return e.pins > 0 || (!parked_.empty() && held_by_parked_stream_locked(e)) ||
+         (d.device_handshake && !evicts_ahead_locked(e));
+}
+
 uint64_t Residency::settling_pages_locked(const Device& d, const std::vector<Entry*>& keep) const {
   uint64_t pages = 0;
   for (const auto& [slot, e] : entries_) {
     if (e.device != d.ordinal || e.where != Where::resident || !marks_closed(e)) continue;
     if (std::find(keep.begin(), keep.end(), &e) != keep.end()) continue;
-    if (e.pins > 0 || (!parked_.empty() && held_by_parked_stream_locked(e)) ||
-        (d.device_handshake && !evicts_ahead_locked(e))) {
-      pages += e.pages;
-    }
+    if (settling_locked(d, e)) pages += e.pages;
   }
   return pages;
 }
