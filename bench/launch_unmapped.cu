@@ -22,16 +22,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                \
-  do {                                       \
-    CUresult r_ = (x);                       \
-    if (r_ != CUDA_SUCCESS) {                \
-      const char* n_ = nullptr;              \
-      cuGetErrorName(r_, &n_);               \
-      std::printf("FATAL %s: %s\n", #x, n_); \
-      return 1;                              \
-    }                                        \
-  } while (0)
+#include "probe_check.h"
 
 __global__ void fill(unsigned* p, unsigned v, size_t n) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
