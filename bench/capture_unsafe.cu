@@ -97,8 +97,7 @@ int main() {
       {"cuStreamWaitEvent(T, done)", [&] { return cuStreamWaitEvent(T, done, 0); }},
       {"cuStreamWaitValue32(T, flag >= 0)",
        [&] { return cuStreamWaitValue32(T, flag, 0, CU_STREAM_WAIT_VALUE_GEQ); }},
-      {"cuStreamWriteValue32(T, flag = 0)",
-       [&] { return cuStreamWriteValue32(T, flag, 0, 0); }},
+      {"cuStreamWriteValue32(T, flag = 0)", [&] { return cuStreamWriteValue32(T, flag, 0, 0); }},
       {"cuGraphLaunch(exec, T)", [&] { return cuGraphLaunch(exec, T); }},
       {"cuGraphUpload(exec, T)", [&] { return cuGraphUpload(exec, T); }},
       {"cuMemcpyHtoDAsync(T, pinned)",
@@ -110,36 +109,43 @@ int main() {
          float ms_ = 0;
          return cuEventElapsedTime(&ms_, start, done);
        }},
-      {"cuMemGetInfo", [&] {
+      {"cuMemGetInfo",
+       [&] {
          size_t f = 0, t = 0;
          return cuMemGetInfo(&f, &t);
        }},
-      {"cuEventCreate", [&] {
+      {"cuEventCreate",
+       [&] {
          CUevent e = nullptr;
          const CUresult rc = cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
          if (rc == CUDA_SUCCESS) cuEventDestroy(e);
          return rc;
        }},
-      {"cuStreamCreate", [&] {
+      {"cuStreamCreate",
+       [&] {
          CUstream s = nullptr;
          const CUresult rc = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
          if (rc == CUDA_SUCCESS) cuStreamDestroy(s);
          return rc;
        }},
-      {"cuGraphInstantiate(another graph)", [&] {
+      {"cuGraphInstantiate(another graph)",
+       [&] {
          CUgraphExec e = nullptr;
          const CUresult rc = cuGraphInstantiate(&e, small, 0);
          if (rc == CUDA_SUCCESS) cuGraphExecDestroy(e);
          return rc;
        }},
-      {"cuMemCreate", [&] {
+      {"cuMemCreate",
+       [&] {
          CUmemGenericAllocationHandle h = 0;
          const CUresult rc = cuMemCreate(&h, gran, &prop, 0);
          if (rc == CUDA_SUCCESS) cuMemRelease(h);
          return rc;
        }},
-      {"cuMemMap + cuMemSetAccess", [&] {
-         if (handle == 0 && cuMemCreate(&handle, gran, &prop, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+      {"cuMemMap + cuMemSetAccess",
+       [&] {
+         if (handle == 0 && cuMemCreate(&handle, gran, &prop, 0) != CUDA_SUCCESS)
+           return CUDA_ERROR_UNKNOWN;
          if (mapped) return CUDA_ERROR_UNKNOWN;
          CUresult rc = cuMemMap(va, gran, 0, handle, 0);
          if (rc == CUDA_SUCCESS) {
@@ -148,19 +154,22 @@ int main() {
          }
          return rc;
        }},
-      {"cuMemUnmap", [&] {
+      {"cuMemUnmap",
+       [&] {
          if (!mapped) return CUDA_ERROR_UNKNOWN;
          const CUresult rc = cuMemUnmap(va, gran);
          if (rc == CUDA_SUCCESS) mapped = false;
          return rc;
        }},
-      {"cuMemRelease", [&] {
+      {"cuMemRelease",
+       [&] {
          if (handle == 0 || mapped) return CUDA_ERROR_UNKNOWN;
          const CUresult rc = cuMemRelease(handle);
          if (rc == CUDA_SUCCESS) handle = 0;
          return rc;
        }},
-      {"cuMemHostAlloc", [&] {
+      {"cuMemHostAlloc",
+       [&] {
          void* p = nullptr;
          const CUresult rc = cuMemHostAlloc(&p, 4096, CU_MEMHOSTALLOC_PORTABLE);
          if (rc == CUDA_SUCCESS) cuMemFreeHost(p);
@@ -187,8 +196,8 @@ int main() {
       CUgraph g = nullptr;
       const CUresult ended = cuStreamEndCapture(S, &g);
       if (g != nullptr) cuGraphDestroy(g);
-      std::printf("%-8s %-36s call %-40s capture %s\n", relaxed != 0 ? "relaxed" : "global",
-                  c.what, name(called).c_str(), name(ended).c_str());
+      std::printf("%-8s %-36s call %-40s capture %s\n", relaxed != 0 ? "relaxed" : "global", c.what,
+                  name(called).c_str(), name(ended).c_str());
       std::fflush(stdout);
       cuCtxSynchronize();  // the error of a failed call must not stay for the next case
     }

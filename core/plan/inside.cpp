@@ -143,10 +143,10 @@ struct Rewritten {
   // other work uses between launches is not kept on the device (below) but brought back for that
   // work each time.
   bool tight = false;
+  bool said_not_kept = false;  // that a slot used between launches is not kept (keep_limit)
   // Under a size budget: what its reserve may grow to for slots kept on the device (the budget,
   // less what the rest of the program needs of it); 0: no bound.
   uint64_t keep_limit = 0;
-  bool said_not_kept = false;
   uint64_t held = 0;        // what its lent slots hold now
   uint64_t kept_bytes = 0;  // of its lent slots, those kept on the device between launches
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
