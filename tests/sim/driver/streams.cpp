@@ -390,6 +390,11 @@ CUresult vsim::sync_or_query(CUstream h, bool wait) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
   }
+  // A query of another stream's work is unsafe for a thread's own capture too: on an H100 a
+  // thread capturing in the global mode had its capture invalidated by cuStreamQuery and
+  // cuEventQuery of another stream's finished work
+  // (bench/results/capture_unsafe_session52_h100.txt).
+  SIM_TRY(check_capture_safety(/*own_only=*/true));
   if (!wait) return s->done(s->tail()) ? device_error(s->device) : CUDA_ERROR_NOT_READY;
   SIM_TRY(check_capture_safety());
   s->wait(s->tail());
@@ -556,6 +561,7 @@ CUresult CUDAAPI cuEventQuery(CUevent he) {
   SIM_ENTER();
   auto e = lookup_event(he);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  SIM_TRY(check_capture_safety(/*own_only=*/true));  // as a stream's query, measured on an H100
   std::lock_guard<std::mutex> lock(e->mu);
   if (e->capture != nullptr) return CUDA_ERROR_CAPTURED_EVENT;
   if (!e->stream || e->stamped) return CUDA_SUCCESS;

@@ -157,6 +157,38 @@ TEST_F(CaptureTest, StreamGetDeviceInvalidatesTheCapture) {
   EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
 }
 
+// As measured on an H100 (bench/results/capture_unsafe_session52_h100.txt): a thread capturing
+// in the global mode that queries another stream's finished work, or an event recorded there,
+// has its capture invalidated; in relaxed mode the same queries leave it valid.
+TEST_F(CaptureTest, QueriesOfOtherWorkInvalidateTheThreadsOwnCapture) {
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CUevent done = nullptr;
+  ASSERT_CU(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  ASSERT_CU(cuEventRecord(done, other));
+  ASSERT_CU(cuStreamSynchronize(other));
+  CUgraph g = nullptr;
+  for (const bool event : {false, true}) {
+    ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                  event ? cuEventQuery(done) : cuStreamQuery(other));
+    EXPECT_CU_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cuStreamEndCapture(s_, &g));
+
+    ASSERT_CU(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    ASSERT_CU(cuThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_CU_ERR(CUDA_SUCCESS, event ? cuEventQuery(done) : cuStreamQuery(other));
+    ASSERT_CU(cuThreadExchangeStreamCaptureMode(&mode));
+    ASSERT_CU(cuStreamEndCapture(s_, &g));
+    ASSERT_CU(cuGraphDestroy(g));
+  }
+  // Outside any capture, a query answers as ever.
+  EXPECT_CU_ERR(CUDA_SUCCESS, cuStreamQuery(other));
+  EXPECT_CU_ERR(CUDA_SUCCESS, cuEventQuery(done));
+  ASSERT_CU(cuEventDestroy(done));
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 TEST_F(CaptureTest, ForkedStreamJoinsTheCaptureThroughAnEvent) {
   CUstream side = nullptr;
   CUevent fork = nullptr, join = nullptr;
