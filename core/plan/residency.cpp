@@ -2582,10 +2582,13 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
     const int ordinal = slots[0]->device;
     Device& d = device(ordinal);
     refresh_budget(d);
+    // What the device itself can give slots: a size budget may allow more than the program left.
+    const std::optional<uint64_t> room = slot_room(d);
     Actions actions;
     actions.device = ordinal;
     std::vector<Entry*> needed, victims;
-    bool settling = false;  // short of room for now only: wait, then decide again
+    const char* cause = "budget";  // the victims' eviction: over the budget, or the device's room
+    bool settling = false;         // short of room for now only: wait, then decide again
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint64_t new_pages = 0;
@@ -2596,15 +2599,22 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
         if (e->where != Where::resident) new_pages += e->pages;
       }
       // Over the limit: evict slots whose last uses are closed by marks recorded already, so that
-      // nothing is recorded on a stream (the capturing one would record it into the graph).
+      // nothing is recorded on a stream (the capturing one would record it into the graph). The
+      // limit is the budget's, or what the device itself can give slots where that is less (a
+      // size budget may allow more than the program left): a map beyond the device fails out of
+      // memory until residency.wait_limit. On an H100 left 24 MiB under a 16 MiB budget the
+      // capture's first copy waited 30 s for 2 MiB of pages, then was refused
+      // (bench/results/gpu_checks_session52_b663b48_h100.md).
       const Budget budget = budget_locked(d);
+      const uint64_t limit = room ? std::min(budget.limit, *room) : budget.limit;
       uint64_t freed = 0;
-      if (d.committed + new_pages > budget.limit) {
-        const uint64_t to = std::max(budget.target, new_pages);
+      if (d.committed + new_pages > limit) {
+        const uint64_t to = std::max(std::min(budget.target, limit), new_pages);
         victims = victims_locked(d, d.committed + new_pages - to, needed, /*recorded_only=*/true);
         for (const Entry* v : victims) freed += v->pages;
+        cause = d.committed + new_pages > budget.limit ? "budget" : "room";
       }
-      if (new_pages > 0 && d.committed + new_pages - freed > budget.limit) {
+      if (new_pages > 0 && d.committed + new_pages - freed > limit) {
         // Slots passed over only until something in flight ends (a restore landing, another
         // launch's pins, a parked stream) make room soon: an earlier copy's restores were still
         // landing when a capture's next copy came, and the capture failed with room on its way.
@@ -2614,14 +2624,25 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
         settling = landing > 0 && waited_ns < settings_.wait_limit_ns;
         if (!settling) {
           ++stats_.oom_launches;
+          const std::string evictable = " with " + byte_size(freed) + " that can be evicted now (" +
+                                        byte_size(landing) + " more still in flight after " +
+                                        std::to_string(waited_ns / 1000000) +
+                                        " ms; the rest used while the capture is open)";
           *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
-                     " of slots mapped, and " + budget_named_locked(budget) + " on device " +
-                     std::to_string(ordinal) + " has " +
-                     byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
-                     " left with " + byte_size(freed) + " that can be evicted now (" +
-                     byte_size(landing) + " more still in flight after " +
-                     std::to_string(waited_ns / 1000000) + " ms; the rest used while the " +
-                     "capture is open); " + budget_fix_locked();
+                     " of slots mapped, and ";
+          if (d.committed + new_pages - freed > budget.limit) {
+            *message += budget_named_locked(budget) + " on device " + std::to_string(ordinal) +
+                        " has " +
+                        byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
+                        " left" + evictable + "; " + budget_fix_locked();
+          } else {
+            *message += "device " + std::to_string(ordinal) + " can give slots " +
+                        byte_size(*room) +
+                        " in all (its free memory, what slots hold and kept handles), " +
+                        byte_size(d.committed) + " of it held or on its way" + evictable +
+                        "; the rest of the device is the program's own memory. Free device " +
+                        "memory before the capture, or capture with less of it in use";
+          }
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
       }
@@ -2643,7 +2664,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
       std::lock_guard<std::mutex> lock(mutex_);
       for (Entry* v : victims) {
         if (entries_.count(v->slot) != 0 && v->where == Where::resident && v->pins == 0) {
-          evict_locked(*v, "budget", &actions);
+          evict_locked(*v, cause, &actions);
         }
       }
       for (Entry* e : needed) {

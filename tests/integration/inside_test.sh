@@ -280,6 +280,18 @@ handshake_fallback="the host handshake, because vaswap's own streams for it coul
 grep -q "$handshake_fallback" "$tmp/err" ||
   fail "24 MiB left: the host handshake is not said: $(cat "$tmp/err")"
 echo "ok   24 MiB left on a 16 GiB device: the host handshake said, the launch refused at once"
+# 6 MiB left, 2 MiB a stream: vaswap's copy streams leave slots 2 MiB, and the capture's first copy
+# names two slots. Within the budget but beyond the device, it is refused at once, named. Before,
+# its second slot's restore waited residency.wait_limit for pages that never came (here and on an
+# H100 left 24 MiB), and the refusal said only that.
+start=$SECONDS
+refused "6 MiB left" "$base,selection.captured_only=false,residency.budget=16MiB" \
+  VASWAP_SIM_STREAM_BYTES=2MiB -- --limit-mib 6
+grep -q "recorded into a capture needs 4 MiB of slots mapped, and device 0 can give slots 2 MiB in all" \
+  "$tmp/err" || fail "6 MiB left: the capture's copy is not refused for the device's room: $(cat "$tmp/err")"
+grep -q "Free device memory before the capture" "$tmp/err" || fail "6 MiB left: no fix given"
+((SECONDS - start < 10)) || fail "6 MiB left: refused only after $((SECONDS - start)) s"
+echo "ok   6 MiB left: the capture's copy refused at once for the device's room, named"
 # 56 MiB left, 4 MiB a stream: vaswap's copy streams fit, its 17 device-handshake streams do not.
 # The host handshake runs the rewritten graph to the checksum.
 got=$(VASWAP_SIM_STREAM_BYTES=4MiB \
