@@ -1,12 +1,11 @@
 #include "plan/d2h_gate.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <system_error>
 
+#include "base/own_thread.h"
 #include "base/trace.h"
 
 namespace vaswap::residency {
@@ -88,7 +87,7 @@ D2hGates::Counts D2hGates::counts() const {
 // Sleeps until the earliest deadline of a gate that is up (or until one is raised), then lowers
 // every gate past its own. trace::now_ns is the monotonic clock the deadlines were taken on.
 void D2hGates::keep() {
-  pthread_setname_np(pthread_self(), "vaswap-gate");
+  become_own_thread("vaswap-gate");
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     uint64_t next = 0;

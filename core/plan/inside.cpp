@@ -1,6 +1,5 @@
 #include "plan/inside.h"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include "base/capture_gate.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/own_thread.h"
 #include "base/trace.h"
 #include "plan/graph_windows.h"
 #include "plan/residency.h"
@@ -1009,7 +1009,7 @@ void Inside::used_elsewhere(const std::vector<Slot*>& slots, CUstream stream) {
 // =============================================================================================
 
 void Inside::run() {
-  pthread_setname_np(pthread_self(), "vaswap-inside");
+  become_own_thread("vaswap-inside");
   CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
   drv().cuThreadExchangeStreamCaptureMode(&relaxed);  // invariant 5
   std::unique_lock<std::mutex> lock(mutex_);
@@ -1807,7 +1807,7 @@ const Inside::Busy* Inside::oldest_busy_locked() const {
 }
 
 void Inside::watch() {
-  pthread_setname_np(pthread_self(), "vaswap-iwatch");
+  become_own_thread("vaswap-iwatch");
   for (;;) {
     const uint64_t limit = wait_limit_ns_.load(std::memory_order_relaxed);
     const uint64_t period = std::min<uint64_t>(limit / 10, 100000000);

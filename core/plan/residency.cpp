@@ -1,6 +1,5 @@
 #include "plan/residency.h"
 
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -25,6 +24,7 @@
 #include "base/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/own_thread.h"
 #include "base/trace.h"
 #include "observe/callsite.h"
 #include "plan/d2h_gate.h"
@@ -2791,7 +2791,7 @@ Stats Residency::stats() {
 // =============================================================================================
 
 void Residency::run_watchdog() {
-  pthread_setname_np(pthread_self(), "vaswap-watch");
+  become_own_thread("vaswap-watch");
   for (;;) {
     std::string stalled;
     uint64_t limit = 0;
@@ -3984,9 +3984,7 @@ CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::st
     // The program is exiting and the driver has gone (its failure is the teardown's): one of
     // vaswap's threads stops here, so that the exit keeps the program's status, and the exit
     // ends it. An application thread still ends the process, said.
-    char name[16] = {};
-    pthread_getname_np(pthread_self(), name, sizeof name);
-    if (std::string_view(name).substr(0, 7) == "vaswap-") {
+    if (on_own_thread()) {
       for (;;) pause();
     }
     log().set_level(spdlog::level::err);

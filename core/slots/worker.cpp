@@ -1,9 +1,8 @@
 #include "slots/worker.h"
 
-#include <pthread.h>
-
 #include "base/driver.h"
 #include "base/log.h"
+#include "base/own_thread.h"
 
 namespace vaswap {
 
@@ -28,7 +27,7 @@ void Worker::post(std::function<void()> job) {
 }
 
 void become_worker(const Driver& driver, CUcontext context, const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  become_own_thread(name);
   CUresult rc = driver.cuCtxSetCurrent(context);
   if (rc != CUDA_SUCCESS) {
     log().error("worker {}: cuCtxSetCurrent failed with {}", name, cuda_error_name(rc));
