@@ -97,10 +97,8 @@ GetProcAddress driver_get_proc_address(std::string* error) {
 
 namespace {
 std::atomic<bool> g_shut_down{false};
-}  // namespace
 
-bool driver_shut_down() { return g_shut_down.load(std::memory_order_acquire); }
-
+// Latches the shutdown at the first CUDA_ERROR_DEINITIALIZED that cuda_error_name is given.
 void notice_result(CUresult result) {
   if (result != CUDA_ERROR_DEINITIALIZED || g_shut_down.exchange(true)) return;
   log().debug(
@@ -108,6 +106,9 @@ void notice_result(CUresult result) {
       "vaswap steps aside and says nothing more");
   log().set_level(spdlog::level::off);
 }
+}  // namespace
+
+bool driver_shut_down() { return g_shut_down.load(std::memory_order_acquire); }
 
 std::string cuda_error_name(CUresult result) {
   notice_result(result);

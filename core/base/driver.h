@@ -77,7 +77,6 @@ std::string cuda_error_name(CUresult result);
 // says nothing more (the log goes off), its hooks forward every call untouched, and its own
 // threads stop where they are instead of ending the process with a status of their own.
 bool driver_shut_down();
-void notice_result(CUresult result);
 
 // Microseconds from one recorded timing event to another (cuEventElapsedTime); 0 when the driver
 // cannot say (an event not recorded, or made without timing).
