@@ -480,6 +480,11 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
       return false;
     }
   }
+  if (std::string why; !residency::can_hold_slots(device, &why)) {
+    warn_slot_failure(why + ": device " + std::to_string(device) + " gets no slots");
+    *skipped = "streams";
+    return false;
+  }
   // Made during a capture, a slot reserves its address alone: its pages come before its first
   // use (residency.h), never at capture. Made outside one, it is used at once: backed now.
   const bool backed = !capture;

@@ -416,6 +416,7 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     settings_ = s;
   }
+  bool can_hold_slots(int ordinal, std::string* why);
   void adopt(Slot* slot, bool backed);
   void forget(Slot* slot);
   CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
@@ -567,8 +568,11 @@ class Residency {
                                 const std::vector<Entry*>& wanted, const char* cause, Actions* out);
   void wait_for_locked(Entry& e, const StreamKey& stream, Actions* out);
 
-  // On an application thread, under submit_ and not mutex_.
+  // On an application thread, under submit_ and not mutex_. device() ends the process where
+  // start() cannot make the device's copy streams; try_device() says why (empty: none).
   Device& device(int ordinal);
+  Device* try_device(int ordinal, std::string* why);
+  CUresult make_copy_streams(Device& d);
   void start_device(Device& d);
   class GateHold;
   uint64_t d2h_running(Device& d);
@@ -670,6 +674,7 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
+  std::map<int, std::string> unusable_;  // devices whose copy streams could not be made: why
   std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
@@ -722,14 +727,32 @@ CUresult with_retries(Call call) {
 // =============================================================================================
 
 Device& Residency::device(int ordinal) {
+  std::string why;
+  Device* d = try_device(ordinal, &why);
+  if (d == nullptr) die(why);
+  return *d;
+}
+
+Device* Residency::try_device(int ordinal, std::string* why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = devices_.find(ordinal);
-    if (it != devices_.end()) return *it->second;
+    if (it != devices_.end()) return it->second.get();
+    if (auto failed = unusable_.find(ordinal); failed != unusable_.end()) {
+      *why = failed->second;
+      return nullptr;
+    }
   }
   auto d = std::make_unique<Device>();
   d->ordinal = ordinal;
   d->context = engine().context(ordinal);
+  if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
+    *why = cuda_failure("cuStreamCreate", rc,
+                        "vaswap's copy streams on device " + std::to_string(ordinal));
+    std::lock_guard<std::mutex> lock(mutex_);
+    unusable_[ordinal] = *why;
+    return nullptr;
+  }
   start_device(*d);
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = devices_[ordinal];
@@ -741,12 +764,12 @@ Device& Residency::device(int ordinal) {
   std::thread([this, device] {
     run_completions(*device, device->ahead_copies, "vaswap-cpa");
   }).detach();
-  return *slot;
+  return device;
 }
 
-Device& Residency::device_locked(int ordinal) { return *devices_.at(ordinal); }
-
-void Residency::start_device(Device& d) {
+// A device's first slot makes them. On a device the program has all but filled they may not fit:
+// the device then gets no slots (can_hold_slots), and a stream made before the failure goes.
+CUresult Residency::make_copy_streams(Device& d) {
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
   CUresult created =
@@ -754,11 +777,29 @@ void Residency::start_device(Device& d) {
   if (created == CUDA_SUCCESS) {
     created =
         with_retries([&] { return driver.cuStreamCreate(&d.restore, CU_STREAM_NON_BLOCKING); });
+    if (created != CUDA_SUCCESS) {
+      driver.cuStreamDestroy(d.offload);
+      d.offload = nullptr;
+    }
   }
-  if (created != CUDA_SUCCESS) {
-    die(cuda_failure("cuStreamCreate", created,
-                     "vaswap's copy streams on device " + std::to_string(d.ordinal)));
+  return created;
+}
+
+// Whether slots can be made on the device: its copy streams are made at the first one.
+bool Residency::can_hold_slots(int ordinal, std::string* why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // not submit_: launches hold it to decide
+    if (devices_.count(ordinal) != 0) return true;
   }
+  std::lock_guard<std::mutex> submit(submit_);
+  return try_device(ordinal, why) != nullptr;
+}
+
+Device& Residency::device_locked(int ordinal) { return *devices_.at(ordinal); }
+
+void Residency::start_device(Device& d) {
+  const Driver& driver = drv();
+  ContextScope scope(driver, d.context);
   size_t free_bytes = 0, total_bytes = 0;
   if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) d.total = total_bytes;
   Settings s;
@@ -3930,6 +3971,7 @@ CUresult by_device(const std::vector<Slot*>& slots, Each each) {
 }  // namespace
 
 void configure(const Settings& settings) { the().configure(settings); }
+bool can_hold_slots(int device, std::string* why) { return the().can_hold_slots(device, why); }
 void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,

@@ -61,6 +61,10 @@ struct Settings {
 // Called once, at start.
 void configure(const Settings& settings);
 
+// Whether slots can be made on `device`. Its first asks for vaswap's copy streams there; where
+// they cannot be made (a device the program has all but filled) it never has slots, and `why`
+// says so. Asked before each slot is made.
+bool can_hold_slots(int device, std::string* why);
 // A slot the preload made. `backed`: it has its pages already (made outside a capture).
 void adopt(Slot* slot, bool backed);
 // The slot is about to be destroyed: its jobs finish (bounded), its host copy goes back.

@@ -213,6 +213,33 @@ TEST_F(ResidencyTest, ASlotGetsPagesAtItsFirstUseNotBefore) {
   expect_holds(slot, 7);
 }
 
+// A device the program has all but filled may have no room for vaswap's two copy streams, made at
+// its first slot: it then gets no slots (the preload passes its allocations through), said by
+// name, instead of ending the process. The stream made before the failure is gone again, and the
+// answer holds for later allocations without trying again. Device 1 (512 MiB) holds one stream
+// of 300 MiB, not two. (Before any other test here makes slots on device 1.)
+TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
+  Slot* first = make_slot();  // device 0 is started before streams cost anything
+  fill(first, 3);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  const unsigned long long before = vaswapSimPhysicalBytes(1);
+  vaswapSimSetStreamBytes(300ull << 20);
+  std::string why;
+  EXPECT_FALSE(residency::can_hold_slots(1, &why));
+  EXPECT_NE(why.find("cuStreamCreate failed with CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("copy streams on device 1"), std::string::npos) << why;
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "the first copy stream was not destroyed";
+  vaswapSimSetStreamBytes(0);
+  std::string again;
+  EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again";
+  EXPECT_EQ(why, again);
+  std::string none;
+  EXPECT_TRUE(residency::can_hold_slots(0, &none)) << none;
+  EXPECT_TRUE(none.empty()) << none;
+  expect_holds(first, 3);
+}
+
 TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
   configure(3 * kPage);
   std::vector<Slot*> slots;
