@@ -500,7 +500,7 @@ def tables(runs):
         if steady:
             out += [parked_line(steady)]
     for run in runs:
-        out += plan_lines(run) + handshake_lines(run) + ending_lines(run)
+        out += plan_lines(run) + selection_lines(run) + handshake_lines(run) + ending_lines(run)
     problems = [p for run in runs for p in run.problems]
     if problems:
         out += ["", "## Problems", ""] + [f"- {p}" for p in problems]
@@ -521,6 +521,28 @@ def plan_lines(run):
             f"copies each way at the model's speed, in a {e['period_us'] / 1e3:.1f} ms period "
             f"whose graphs run {e['graphs_us'] / 1e3:.1f} ms; {mib(e['peak_bytes'])} MiB of pages "
             f"away at once; {e['exposed_us'] / 1e3:.1f} ms of restores the model cannot hide")
+    return out
+
+
+SKIPPED = {"nccl": "NCCL's own", "include": "no frame matched selection.include",
+           "exclude": "a frame matched selection.exclude", "callsite": "the stack could not be walked",
+           "streams": "vaswap's copy streams could not be made on the device"}
+
+
+def selection_lines(run):
+    """Allocations the size and capture rules chose that were passed through, and why (the alloc
+    events' `skipped`), and evictions by cause."""
+    skipped = collections.Counter(e["skipped"] for e in run.of("alloc") if e.get("skipped"))
+    causes = collections.Counter(e.get("cause", "?") for e in run.of("evict"))
+    if not skipped and not causes:
+        return []
+    out = ["", f"## Selection and eviction of {run.name}", ""]
+    if skipped:
+        out.append("- allocations chosen by size and capture but passed through (not slots): " +
+                   "; ".join(f"{n} ({SKIPPED.get(why, why)})" for why, n in skipped.most_common()))
+    if causes:
+        out.append("- evictions by cause: " +
+                   ", ".join(f"{cause} {n}" for cause, n in sorted(causes.items())))
     return out
 
 

@@ -292,6 +292,31 @@ def test_a_device_handshake_run_reports_its_settles_and_host_path_restores(tmp_p
     assert "## Device handshake" not in report(path).stdout
 
 
+def test_allocations_passed_through_and_evictions_are_counted_by_why(tmp_path):
+    def ev(t_ns, name, **fields):
+        return json.dumps({"t_ns": t_ns, "ev": name, "tid": 1, **fields})
+
+    alloc = dict(call="cudaMalloc", api="runtime", bytes=1 << 20, device=0, selected=False)
+    evict = dict(va="0x10", bytes=2 << 20, device=0, position=0, data=True)
+    lines = [ev(0, "trace_begin", format="vaswap-trace", version=1)]
+    lines += [ev(1 + i, "alloc", va=hex(0x1000 + i), skipped="streams", **alloc) for i in range(3)]
+    lines += [ev(5, "alloc", va="0x2000", skipped="nccl", **alloc),
+              ev(6, "alloc", va="0x3000", **alloc)]
+    lines += [ev(7 + i, "evict", slot=i, cause=c, **evict)
+              for i, c in enumerate(["budget", "room", "room", "plan"])]
+    lines += [ev(20, "trace_end")]
+    path = tmp_path / "passed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = report(path)
+    assert out.returncode == 0, out.stderr
+    assert ("- allocations chosen by size and capture but passed through (not slots): 3 (vaswap's "
+            "copy streams could not be made on the device); 1 (NCCL's own)") in out.stdout, out.stdout
+    assert "- evictions by cause: budget 1, plan 1, room 2" in out.stdout, out.stdout
+    # Neither: no section.
+    path.write_text("\n".join([lines[0], ev(6, "alloc", va="0x3000", **alloc), lines[-1]]) + "\n")
+    assert "## Selection and eviction" not in report(path).stdout
+
+
 def test_two_traces_are_two_runs(traces):
     result = report(traces["rules"], traces["planned"])
     assert result.returncode == 0, result.stderr
