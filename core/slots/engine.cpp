@@ -268,7 +268,7 @@ Device& Engine::device_with_workers(int ordinal) {
     d.remap_worker =
         std::make_unique<Worker>(driver_, d.context, "vaswap-map" + std::to_string(ordinal));
     d.completion_worker =
-        std::make_unique<Worker>(driver_, d.context, "vaswap-cpl" + std::to_string(ordinal));
+        std::make_unique<Worker>(driver_, d.context, "vaswap-slc" + std::to_string(ordinal));
   });
   return d;
 }
