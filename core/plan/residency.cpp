@@ -568,8 +568,9 @@ class Residency {
                                 const std::vector<Entry*>& wanted, const char* cause, Actions* out);
   void wait_for_locked(Entry& e, const StreamKey& stream, Actions* out);
 
-  // On an application thread, under submit_ and not mutex_. device() ends the process where
-  // start() cannot make the device's copy streams; try_device() says why (empty: none).
+  // On an application thread, under submit_ and not mutex_. A device is started at its first
+  // use; where its copy streams cannot be made, try_device() says why and gives none, and
+  // device() ends the process (reached only for devices that have slots: can_hold_slots).
   Device& device(int ordinal);
   Device* try_device(int ordinal, std::string* why);
   CUresult make_copy_streams(Device& d);
