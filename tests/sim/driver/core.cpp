@@ -323,6 +323,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
                               (hidden != nullptr && std::atoi(hidden) == 1);
     const char* per_stream = std::getenv("VASWAP_SIM_STREAM_BYTES");
     const size_t stream_bytes = per_stream != nullptr ? parse_bytes(per_stream, 0) : 0;
+    const char* holdback = std::getenv("VASWAP_SIM_CREATE_HOLDBACK");
+    const size_t create_holdback = holdback != nullptr ? parse_bytes(holdback, 0) : 0;
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
@@ -332,6 +334,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
       devs[static_cast<size_t>(i)].primary.device = i;
       devs[static_cast<size_t>(i)].single_queue = single_queue;
       devs[static_cast<size_t>(i)].stream_bytes = stream_bytes;
+      devs[static_cast<size_t>(i)].create_holdback = create_holdback;
     }
     devices().swap(devs);
     g_initialized.store(true, std::memory_order_release);

@@ -508,7 +508,10 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
   if (prop->location.id < 0 || prop->location.id >= device_count())
     return CUDA_ERROR_INVALID_DEVICE;
   SIM_TRY(check_capture_safety());
-  SIM_TRY(charge_physical(prop->location.id, bytes));
+  // What the device keeps back from cuMemCreate (VASWAP_SIM_CREATE_HOLDBACK) must stay free.
+  const size_t holdback = devices()[static_cast<size_t>(prop->location.id)].create_holdback.load();
+  SIM_TRY(charge_physical(prop->location.id, bytes + holdback));
+  if (holdback > 0) refund_physical(prop->location.id, holdback);
   const int fd = memfd_create("vaswap-sim-physical", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     if (fd >= 0) close(fd);

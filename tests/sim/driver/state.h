@@ -112,6 +112,12 @@ struct Device {
   // destroyed (0 by default). A GPU's streams cost some; on an H100 left 24 MiB, vaswap's were
   // refused for want of it (bench/results/capacity_edges_session51_h100.md).
   std::atomic<size_t> stream_bytes{0};
+  // VASWAP_SIM_CREATE_HOLDBACK: device memory that cuMemGetInfo reports free but cuMemCreate
+  // cannot have (0 by default): a cuMemCreate that would leave less than this free fails out of
+  // memory. On an H100 left 24 MiB, a 2 MiB cuMemCreate failed where cuMemGetInfo's free memory
+  // covered it (bench/results/gpu_checks_session53_84fc099_h100.md); how much a GPU keeps back
+  // was not measured.
+  std::atomic<size_t> create_holdback{0};
   Context primary;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of the device feeds one hardware queue. An
   // operation is dispatched only after every operation submitted before it (from any stream) was
