@@ -189,6 +189,9 @@ struct Entry {
   Flag flag;
   std::vector<std::pair<StreamKey, uint32_t>> waited;  // streams that waited for `ready`
   std::vector<Mark> marks;  // its last use on each stream since it got pages
+  // A restore for a capture's copy that the mover gave up (no pages, nothing to give any back):
+  // why, for back_for_capture to say; empty otherwise.
+  std::string no_pages;
   int device = 0;
   uint32_t ready = 0;         // the flag's value once its pages and data are in place
   uint32_t mapped_ready = 0;  // the restore whose pages are mapped now (its data may still move)
@@ -238,6 +241,7 @@ struct Job {
   CUevent start = nullptr, done = nullptr;
   CUstream out = nullptr;  // evict: the stream its D2H went on
   uint64_t sequence = 0;   // restore: its place among the device's decisions (Device::decisions)
+  Where before = Where::offloaded;  // restore: where the slot goes back if it is given up
 };
 
 struct Unmap {
@@ -624,6 +628,7 @@ class Residency {
   void run_completions(Device& d, std::deque<Copied>& copies, const char* name);
   CUevent spare_event(Device& d);
   void do_restore(Device& d, const Job& job);
+  bool give_up_for_capture(Device& d, const Job& job, const std::string& failure);
   void do_evict(Device& d, const Job& job);
   bool dependencies_done(const Unmap& unmap);
   bool restore_landed(const Unmap& unmap);
@@ -1195,6 +1200,7 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   e.used_since_restore = false;
   e.waited.clear();
   e.submitted = false;
+  e.no_pages.clear();
   // Device handshake: enqueued now, unless its data has no copy graph to come back with (its
   // evictions took the host path); then the host handshake stands in for this restore.
   // Nor while an eviction of it that took the host path is pending: its copy may never run (a
@@ -1212,6 +1218,7 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   job.sequence = ++d.decisions;
   job.cause = cause;
   job.decided_ns = trace::now_ns();
+  job.before = first ? Where::unbacked : Where::offloaded;
   out->jobs.push_back(std::move(job));
   out->marks.emplace_back();
   ++(first ? stats_.first_maps : stats_.restores);
@@ -2730,9 +2737,23 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
       changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), [&] {
         return std::all_of(ids.begin(), ids.end(), [this](uint64_t id) {
           const Entry* e = by_id_locked(id);
-          return e == nullptr || e->mapped;
+          return e == nullptr || e->mapped || !e->no_pages.empty();
         });
       });
+  for (uint64_t id : ids) {
+    Entry* e = by_id_locked(id);
+    if (e == nullptr || e->no_pages.empty()) continue;
+    *message = "a copy or memset recorded into a capture names slot " + std::to_string(id) +
+               " (va " + hex(e->slot->va) + ", " + byte_size(e->pages) +
+               "), whose pages the device could not give (" + e->no_pages +
+               ") with nothing in flight that could give any back; free device memory before " +
+               "the capture, or capture with less of it in use";
+    for (uint64_t other : ids) {
+      if (Entry* o = by_id_locked(other)) o->no_pages.clear();
+    }
+    ++stats_.oom_launches;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (!mapped) {
     std::string names;
     size_t unmapped = 0;
@@ -3214,6 +3235,35 @@ uint64_t Residency::d2h_running(Device& d) {
   return largest;
 }
 
+// A restore decided for a copy recorded into a capture (back_for_capture waits for its map on the
+// capturing thread) whose map keeps failing out of memory, with nothing in flight or queued that
+// could give pages back: it is given up, the slot goes back where it was, and the copy is refused
+// at once. On an H100 left 24 MiB, a 2 MiB cuMemCreate failed where cuMemGetInfo said there was
+// room, and the copy waited residency.wait_limit (bench/results/gpu_checks_session53_84fc099_
+// h100.md). Only a restore that nothing else waits for: none enqueued ahead on the restore stream
+// (device handshake), no stream waiting for it, no later restore of the slot, no pin but the
+// copy's.
+bool Residency::give_up_for_capture(Device& d, const Job& job, const std::string& failure) {
+  if (std::strcmp(job.cause, "capture") != 0 || job.ahead ||
+      failure.find("CUDA_ERROR_OUT_OF_MEMORY") == std::string::npos) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = by_id_locked(job.slot);
+  const bool evictions_queued = std::any_of(d.jobs.begin(), d.jobs.end(),
+                                            [](const Job& j) { return j.kind == JobKind::evict; });
+  if (e == nullptr || e->mapped || e->where != Where::resident || e->ready != job.ready ||
+      !e->waited.empty() || e->pins > 1 || d.unmaps_in_flight > 0 || evictions_queued) {
+    return false;
+  }
+  d.committed -= e->pages;
+  e->where = job.before;
+  e->no_pages = failure;
+  d.mover_state = MoverState();
+  changed_.notify_all();
+  return true;
+}
+
 void Residency::do_restore(Device& d, const Job& job) {
   GateHold gate(*this, d);
   Slot* slot = nullptr;
@@ -3339,6 +3389,9 @@ void Residency::do_restore(Device& d, const Job& job) {
     // While the gate is up, the room comes from a D2H already running: relief would set going
     // copies the gate holds, or make copy graphs, which wait for every parked stream.
     relief_failed = gate.up() || !relieve(d, job.slot);
+    if (relief_failed && !gate.up() && attempt >= 2 && give_up_for_capture(d, job, failure)) {
+      return;
+    }
     if (relief_failed) {
       gate.consider();
       // With the gate up, every millisecond: it comes down at its limit.

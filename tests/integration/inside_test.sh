@@ -292,6 +292,18 @@ grep -q "recorded into a capture needs 4 MiB of slots mapped, and device 0 can g
 grep -q "Free device memory before the capture" "$tmp/err" || fail "6 MiB left: no fix given"
 ((SECONDS - start < 10)) || fail "6 MiB left: refused only after $((SECONDS - start)) s"
 echo "ok   6 MiB left: the capture's copy refused at once for the device's room, named"
+# 8 MiB left, and the device keeps 2 MiB of its free memory back from cuMemCreate
+# (VASWAP_SIM_CREATE_HOLDBACK), as an H100 left 24 MiB did: the room it reports covers the
+# capture's copy, and the map of its new slot still fails. With nothing in flight that could give
+# pages back, the mover gives that restore up and the copy is refused at once, named. Before, it
+# waited residency.wait_limit (22 s here, 32 s on the H100).
+start=$SECONDS
+refused "8 MiB left, 2 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
+  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_CREATE_HOLDBACK=2MiB -- --limit-mib 8
+grep -q "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
+  "$tmp/err" || fail "8 MiB left, 2 MiB held back: the give-up is not named: $(cat "$tmp/err")"
+((SECONDS - start < 10)) || fail "8 MiB left, 2 MiB held back: refused only after $((SECONDS - start)) s"
+echo "ok   8 MiB left, 2 MiB held back from cuMemCreate: the capture's copy refused at once, named"
 # 56 MiB left, 4 MiB a stream: vaswap's copy streams fit, its 17 device-handshake streams do not.
 # The host handshake runs the rewritten graph to the checksum.
 got=$(VASWAP_SIM_STREAM_BYTES=4MiB \
