@@ -58,13 +58,13 @@ plan::Model copy_test(int device, const plan::Model& given) {
     const CUresult made = driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
     if (made != CUDA_SUCCESS) {
       stream = nullptr;
-      fail(VASWAP_ERROR_CUDA, cuda_failure("cuStreamCreate", made, "the copy test's stream"));
+      fail_driver(made, cuda_failure("cuStreamCreate", made, "the copy test's stream"));
     }
     for (CUevent& event : events) {
       const CUresult rc = driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
       if (rc != CUDA_SUCCESS) {
         event = nullptr;
-        fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventCreate", rc, "the copy test's timing"));
+        fail_driver(rc, cuda_failure("cuEventCreate", rc, "the copy test's timing"));
       }
     }
     double d2h_us = 0, h2d_us = 0;
@@ -77,7 +77,7 @@ plan::Model copy_test(int device, const plan::Model& given) {
       driver.cuEventRecord(events[2], stream);
       const CUresult rc = driver.cuEventSynchronize(events[2]);
       if (rc != CUDA_SUCCESS) {
-        fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventSynchronize", rc, "the copy test's copies"));
+        fail_driver(rc, cuda_failure("cuEventSynchronize", rc, "the copy test's copies"));
       }
       if (round == 0) continue;
       const double d2h = elapsed_us(driver, events[0], events[1]);

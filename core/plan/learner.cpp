@@ -20,12 +20,12 @@ CUevent record_on(const Driver& driver, CUstream stream) {
   CUevent event = nullptr;
   const CUresult made = driver.cuEventCreate(&event, CU_EVENT_DEFAULT);
   if (made != CUDA_SUCCESS) {
-    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventCreate", made, "a planner timing event"));
+    fail_driver(made, cuda_failure("cuEventCreate", made, "a planner timing event"));
   }
   const CUresult rc = driver.cuEventRecord(event, stream);
   if (rc != CUDA_SUCCESS) {
     driver.cuEventDestroy(event);
-    fail(VASWAP_ERROR_CUDA, cuda_failure("cuEventRecord", rc, "a planner timing event"));
+    fail_driver(rc, cuda_failure("cuEventRecord", rc, "a planner timing event"));
   }
   return event;
 }

@@ -628,7 +628,8 @@ class Residency {
   void run_completions(Device& d, std::deque<Copied>& copies, const char* name);
   CUevent spare_event(Device& d);
   void do_restore(Device& d, const Job& job);
-  bool give_up_for_capture(Device& d, const Job& job, const std::string& failure);
+  bool give_up_for_capture(Device& d, const Job& job, CUresult failed_with,
+                           const std::string& failure);
   void do_evict(Device& d, const Job& job);
   bool dependencies_done(const Unmap& unmap);
   bool restore_landed(const Unmap& unmap);
@@ -3243,9 +3244,10 @@ uint64_t Residency::d2h_running(Device& d) {
 // h100.md). Only a restore that nothing else waits for: none enqueued ahead on the restore stream
 // (device handshake), no stream waiting for it, no later restore of the slot, no pin but the
 // copy's.
-bool Residency::give_up_for_capture(Device& d, const Job& job, const std::string& failure) {
+bool Residency::give_up_for_capture(Device& d, const Job& job, CUresult failed_with,
+                                    const std::string& failure) {
   if (std::strcmp(job.cause, "capture") != 0 || job.ahead ||
-      failure.find("CUDA_ERROR_OUT_OF_MEMORY") == std::string::npos) {
+      failed_with != CUDA_ERROR_OUT_OF_MEMORY) {
     return false;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -3270,6 +3272,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   void* host = nullptr;
   Flag flag;
   std::string failure;
+  CUresult failed_with = CUDA_SUCCESS;  // the last failed map's code
   const uint64_t start_ns = trace::now_ns();
   // Never skipped for a later decision: an eviction decided after it follows it in this queue and
   // copies out of the pages it maps.
@@ -3370,6 +3373,7 @@ void Residency::do_restore(Device& d, const Job& job) {
         break;
       } catch (const Error& error) {
         failure = error.what();
+        failed_with = error.driver_result();
         std::lock_guard<std::mutex> lock(mutex_);
         if (Entry* e = by_id_locked(job.slot)) --e->busy;
       }
@@ -3389,7 +3393,8 @@ void Residency::do_restore(Device& d, const Job& job) {
     // While the gate is up, the room comes from a D2H already running: relief would set going
     // copies the gate holds, or make copy graphs, which wait for every parked stream.
     relief_failed = gate.up() || !relieve(d, job.slot);
-    if (relief_failed && !gate.up() && attempt >= 2 && give_up_for_capture(d, job, failure)) {
+    if (relief_failed && !gate.up() && attempt >= 2 &&
+        give_up_for_capture(d, job, failed_with, failure)) {
       return;
     }
     if (relief_failed) {

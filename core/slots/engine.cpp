@@ -37,7 +37,7 @@ std::string Slot::describe() const {
 void Engine::check(CUresult result, const char* call, const std::string& subject, bool report) {
   if (result == CUDA_SUCCESS) return;
   const std::string message = cuda_failure(call, result, subject);
-  if (!report) fail(VASWAP_ERROR_CUDA, message);
+  if (!report) fail_driver(result, message);
   errors_.fetch_add(1);
   log().error("{}", message);
   if (trace::enabled()) {
@@ -47,7 +47,7 @@ void Engine::check(CUresult result, const char* call, const std::string& subject
         .add("message", message)
         .emit();
   }
-  fail(VASWAP_ERROR_CUDA, message);
+  fail_driver(result, message);
 }
 
 std::unique_lock<std::mutex> Engine::driver_call_lock() {

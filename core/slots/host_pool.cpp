@@ -43,9 +43,9 @@ void* HostPool::allocate(size_t bytes) {
     if (rc == CUDA_SUCCESS) break;
   }
   if (rc != CUDA_SUCCESS) {
-    fail(VASWAP_ERROR_CUDA,
-         cuda_failure("cuMemHostAlloc", rc, "a pinned host buffer of " + byte_size(rounded)) +
-             "; free host memory or lower the offloaded bytes");
+    fail_driver(
+        rc, cuda_failure("cuMemHostAlloc", rc, "a pinned host buffer of " + byte_size(rounded)) +
+                "; free host memory or lower the offloaded bytes");
   }
   if (trace::enabled()) {
     trace::Record(trace::Event::host_alloc)

@@ -41,7 +41,7 @@ CUgraphExec one_node_exec(const Driver& driver, CUstream stream, const char* add
                           const std::string& subject, Add&& add) {
   const RelaxedCapture relaxed(driver);
   const auto check = [&](CUresult rc, const char* call) {
-    if (rc != CUDA_SUCCESS) fail(VASWAP_ERROR_CUDA, cuda_failure(call, rc, subject));
+    if (rc != CUDA_SUCCESS) fail_driver(rc, cuda_failure(call, rc, subject));
   };
   CUgraph graph = nullptr;
   check(driver.cuGraphCreate(&graph, 0), "cuGraphCreate");

@@ -30,8 +30,8 @@ class Clone {
 
   void call(CUresult rc, const char* what, const std::string& subject) const {
     if (rc != CUDA_SUCCESS) {
-      fail(VASWAP_ERROR_CUDA,
-           cuda_failure(what, rc, subject + ", rewriting a graph for offload inside it"));
+      fail_driver(rc,
+                  cuda_failure(what, rc, subject + ", rewriting a graph for offload inside it"));
     }
   }
 

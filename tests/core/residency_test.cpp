@@ -20,6 +20,8 @@
 
 #include "../sim/tests/sim_test.h"
 #include "base/capture_gate.h"
+#include "base/driver.h"
+#include "base/errors.h"
 #include "base/trace.h"
 #include "plan/copy_test.h"
 #include "plan/residency.h"
@@ -238,6 +240,35 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
   EXPECT_TRUE(residency::can_hold_slots(0, &none)) << none;
   EXPECT_TRUE(none.empty()) << none;
   expect_holds(first, 3);
+}
+
+// A failed driver call's Error carries the driver's code as well as the message: the mover acts on
+// the code (a capture's restore that keeps failing out of memory is given up), not on the text.
+TEST_F(ResidencyTest, AFailedMapCarriesTheDriversCode) {
+  Slot* slot = engine().create_slot(0, kPage, /*intercepted=*/true, /*backed=*/false);
+  slots_.push_back(slot);
+  const std::vector<std::pair<int, CUresult>> faults = {{2, CUDA_ERROR_OUT_OF_MEMORY},
+                                                        {1, CUDA_ERROR_INVALID_VALUE}};
+  engine().trim_spares(0, 0);  // no kept handle to map instead, none to give back and try again
+  for (const auto& [code, expected] : faults) {
+    ASSERT_EQ(vaswapSimInjectFault("cuMemCreate", 1, code), 0);
+    try {
+      engine().back(slot, std::nullopt);
+      ADD_FAILURE() << "back() succeeded with cuMemCreate failing";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.status(), VASWAP_ERROR_CUDA);
+      EXPECT_EQ(error.driver_result(), expected) << error.what();
+      EXPECT_NE(std::string(error.what())
+                    .find(std::string("cuMemCreate failed with ") + cuda_error_name(expected)),
+                std::string::npos)
+          << error.what();
+    }
+    EXPECT_FALSE(mapped(slot));
+  }
+  vaswapSimClearFaults();
+  engine().back(slot, std::nullopt);
+  EXPECT_TRUE(mapped(slot));
+  EXPECT_EQ(Error(VASWAP_ERROR_INVALID_STATE, "no driver call").driver_result(), CUDA_SUCCESS);
 }
 
 TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
