@@ -256,6 +256,15 @@ R to_status(CUresult rc) {
   }
 }
 
+// A real call that failed while the slots it names could not be given pages for lack of device
+// memory (intercept::with_pages_named): the driver says an address is invalid, and the program is
+// told the cause, out of memory. Any other result is the driver's.
+template <class R>
+R for_pages(R rc, CUresult pages) {
+  return rc != R{} && pages == CUDA_ERROR_OUT_OF_MEMORY ? to_status<R>(CUDA_ERROR_OUT_OF_MEMORY)
+                                                        : rc;
+}
+
 // A driver launch refused for want of memory: the driver takes a kernel's local memory (and a
 // graph's) from the device when it is launched, so a launch can run out of memory as an
 // allocation does. Slots no launch in flight needs give pages back and the launch is tried again
@@ -540,9 +549,9 @@ struct Instantiate<R (*)(CUgraphExec*, CUgraph, Rest)> {
       // With pages for the slots its copies and memsets name: the driver checks them here.
       auto instantiate = [&](CUgraph which) {
         R rc{};
-        intercept::with_pages_to_instantiate(call, which, &scanned,
-                                             [&] { rc = real(exec, which, rest); });
-        return rc;
+        const CUresult pages = intercept::with_pages_to_instantiate(
+            call, which, &scanned, [&] { rc = real(exec, which, rest); });
+        return for_pages<R>(rc, pages);
       };
       CUgraph instead = intercept::graph_to_instantiate(call, graph, &scanned);
       R rc = instantiate(instead);
@@ -674,8 +683,9 @@ struct ExecChange<R (*)(E, N, Rest...)> {
     if (refused != CUDA_SUCCESS) return to_status<R>(refused);
     const std::vector<uintptr_t> words = words_of(rest...);
     R rc{};
-    intercept::with_pages_named(call, words, [&] { rc = real(exec, named, rest...); });
-    if (rc != R{}) return rc;
+    const CUresult pages =
+        intercept::with_pages_named(call, words, [&] { rc = real(exec, named, rest...); });
+    if (rc != R{}) return for_pages<R>(rc, pages);
     if constexpr (NewCopyParams<Rest...>::value) {
       // A copy's or memset's new addresses are all in its arguments.
       intercept::exec_copy_changed(call, reinterpret_cast<CUgraphExec>(exec), words);
@@ -724,8 +734,9 @@ struct NodeAdd<R (*)(O*, G, const D*, Rest...)> {
     Scope scope;
     const std::vector<uintptr_t> words = words_of(rest...);  // a count or edge data: no slot
     R rc{};
-    intercept::with_pages_named(call, words, [&] { rc = real(out, graph, deps, rest...); });
-    return rc;
+    const CUresult pages =
+        intercept::with_pages_named(call, words, [&] { rc = real(out, graph, deps, rest...); });
+    return for_pages<R>(rc, pages);
   }
 };
 
@@ -742,8 +753,9 @@ struct NodeChange<R (*)(N, Rest...)> {
     Scope scope;
     const std::vector<uintptr_t> words = words_of(rest...);
     R rc{};
-    intercept::with_pages_named(call, words, [&] { rc = real(node, rest...); });
-    return rc;
+    const CUresult pages =
+        intercept::with_pages_named(call, words, [&] { rc = real(node, rest...); });
+    return for_pages<R>(rc, pages);
   }
 };
 

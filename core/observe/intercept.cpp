@@ -880,10 +880,15 @@ namespace {
 
 // Runs `fn` while `slots` have pages: lent ones come back (inside::present), the others get a
 // placeholder or their own pages (residency::with_pages). Where they cannot be had, says so
-// (`what`: what needed them) and runs `fn` anyway: the driver then says what it says.
-void with_pages_for(const Call& call, const std::vector<Slot*>& slots, const std::string& what,
-                    const std::function<void()>& fn) {
-  if (slots.empty()) return fn();
+// (`what`: what needed them), runs `fn` anyway (the driver then says what it says) and returns why
+// they could not: the failed driver call's code (CUDA_ERROR_OUT_OF_MEMORY for a device without
+// room), or CUDA_ERROR_UNKNOWN where no driver call failed. CUDA_SUCCESS: they had pages.
+CUresult with_pages_for(const Call& call, const std::vector<Slot*>& slots, const std::string& what,
+                        const std::function<void()>& fn) {
+  if (slots.empty()) {
+    fn();
+    return CUDA_SUCCESS;
+  }
   bool ran = false;
   const auto run = [&] {
     ran = true;
@@ -897,41 +902,50 @@ void with_pages_for(const Call& call, const std::vector<Slot*>& slots, const std
       residency::with_pages(rest, run);
     } catch (const Error& error) {
       why = error.what();
+      rc = error.driver_result() != CUDA_SUCCESS ? error.driver_result() : CUDA_ERROR_UNKNOWN;
     }
   }
-  if (ran) return;
+  if (ran) return CUDA_SUCCESS;
   log().warn(
       "{}: the {} slot(s) that {} could not be given pages for the call ({}): the driver "
       "refuses an address without them",
       call.symbol, slots.size(), what, why);
   fn();
+  return rc;
 }
 
 }  // namespace
 
-void with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
-                               const std::function<void()>& instantiate) {
+CUresult with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
+                                   const std::function<void()>& instantiate) {
   Tables& t = tables();
   const Driver* driver = graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0
                              ? nullptr
                              : load_driver(nullptr);
-  if (driver == nullptr) return instantiate();
+  if (driver == nullptr) {
+    instantiate();
+    return CUDA_SUCCESS;
+  }
   GraphScan apart;
   const GraphScan& scan = scan_once(*driver, graph, scanned, /*with_nodes=*/false, &apart);
   std::vector<Slot*> slots;
   for (const uintptr_t base : scan.copied) add_slot(t.registry, base, &slots);
-  with_pages_for(call, slots,
-                 "copies or memsets of graph " + hex(reinterpret_cast<uintptr_t>(graph)) + " name",
-                 instantiate);
+  return with_pages_for(
+      call, slots,
+      "copies or memsets of graph " + hex(reinterpret_cast<uintptr_t>(graph)) + " name",
+      instantiate);
 }
 
-void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
-                      const std::function<void()>& fn) {
+CUresult with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
+                          const std::function<void()>& fn) {
   Tables& t = tables();
-  if (t.slots.load(std::memory_order_relaxed) == 0) return fn();
+  if (t.slots.load(std::memory_order_relaxed) == 0) {
+    fn();
+    return CUDA_SUCCESS;
+  }
   std::vector<Slot*> slots;
   for (const uintptr_t word : words) add_slot(t.registry, word, &slots);
-  with_pages_for(call, slots, "the new parameters name", fn);
+  return with_pages_for(call, slots, "the new parameters name", fn);
 }
 
 void instantiated(const Call& call, CUgraphExec exec, CUgraph graph, CUgraph instead,

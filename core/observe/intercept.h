@@ -116,14 +116,18 @@ CUgraph graph_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned);
 // Runs `instantiate` (the real instantiation of `graph`) while the slots its copy and memset
 // nodes name have pages: the driver refuses a graph whose copy names an address without them
 // (bench/results/launch_unmapped_h100.txt), and residency may have evicted one since the capture.
-// Pages that cannot be had are logged, and the driver then says what it says.
-void with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
-                               const std::function<void()>& instantiate);
+// Pages that cannot be had are logged, the driver then says what it says, and the result says
+// why they could not be had: the failed driver call's code (CUDA_ERROR_OUT_OF_MEMORY for a device
+// without room), CUDA_ERROR_UNKNOWN where no driver call failed, CUDA_SUCCESS when they were.
+// A hook whose real call then fails returns an out-of-memory as the program's error: the driver's
+// own (an invalid address) would name the wrong cause.
+CUresult with_pages_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned,
+                                   const std::function<void()>& instantiate);
 // Runs `fn` (a real cudaGraphExec*NodeSetParams) while the slots that `words` (its arguments'
 // bytes, as 8-byte words) name have pages: the driver checks a copy's or memset's new addresses
-// at the call.
-void with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
-                      const std::function<void()>& fn);
+// at the call. Returns as with_pages_to_instantiate.
+CUresult with_pages_named(const Call& call, const std::vector<uintptr_t>& words,
+                          const std::function<void()>& fn);
 // An executable graph was made (`exec`; nullptr when the instantiation failed) from `graph`, or
 // from `instead` (what graph_to_instantiate gave): the graph is scanned for the slots it uses
 // (graph_scan.h).

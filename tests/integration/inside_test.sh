@@ -304,6 +304,19 @@ grep -q "recorded into a capture names slot .*, whose pages the device could not
   "$tmp/err" || fail "8 MiB left, 2 MiB held back: the give-up is not named: $(cat "$tmp/err")"
 ((SECONDS - start < 10)) || fail "8 MiB left, 2 MiB held back: refused only after $((SECONDS - start)) s"
 echo "ok   8 MiB left, 2 MiB held back from cuMemCreate: the capture's copy refused at once, named"
+# 12 MiB left, the same 2 MiB held back: the rewrite does not fit, and the graph as captured is
+# instantiated while its copies' slots can get no pages (the capture's copy may also be refused
+# first: one run in six here). Either way the program is told it ran out of memory: before, the
+# instantiation gave the driver's cudaErrorInvalidValue (an address without pages).
+refused "12 MiB left, 2 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
+  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_CREATE_HOLDBACK=2MiB -- --limit-mib 12
+grep -q "failed at .*: cudaErrorMemoryAllocation" "$tmp/err" ||
+  fail "12 MiB left, 2 MiB held back: not out of memory: $(cat "$tmp/err")"
+if grep -q "cudaGraphInstantiate.*failed" "$tmp/err"; then
+  grep -q "could not be given pages for the call (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
+    "$tmp/err" || fail "12 MiB left, 2 MiB held back: the pages' failure not named: $(cat "$tmp/err")"
+fi
+echo "ok   12 MiB left, 2 MiB held back: out of memory, named"
 # 56 MiB left, 4 MiB a stream: vaswap's copy streams fit, its 17 device-handshake streams do not.
 # The host handshake runs the rewritten graph to the checksum.
 got=$(VASWAP_SIM_STREAM_BYTES=4MiB \
