@@ -49,6 +49,9 @@ constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
 // A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
 // transient failure (another process briefly holding memory) costs milliseconds, not the job.
 constexpr int kRetries = 6;
+// A device whose copy streams could not be made gets no slots; its streams are tried again at a
+// selected allocation this long after the last failure (the program may have freed memory).
+constexpr uint64_t kRetryStreamsNs = 1'000'000'000;
 
 enum class Where : uint8_t {
   unbacked,   // no pages, no data: never used
@@ -681,7 +684,13 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
-  std::map<int, std::string> unusable_;  // devices whose copy streams could not be made: why
+  // Devices whose copy streams could not be made: why, and when (trace::now_ns). Tried again
+  // once kRetryStreamsNs has passed: the program may have freed memory since.
+  struct Unusable {
+    std::string why;
+    uint64_t at_ns = 0;
+  };
+  std::map<int, Unusable> unusable_;
   std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
@@ -745,8 +754,9 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = devices_.find(ordinal);
     if (it != devices_.end()) return it->second.get();
-    if (auto failed = unusable_.find(ordinal); failed != unusable_.end()) {
-      *why = failed->second;
+    if (auto failed = unusable_.find(ordinal);
+        failed != unusable_.end() && trace::now_ns() - failed->second.at_ns < kRetryStreamsNs) {
+      *why = failed->second.why;
       return nullptr;
     }
   }
@@ -757,11 +767,12 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     *why = cuda_failure("cuStreamCreate", rc,
                         "vaswap's copy streams on device " + std::to_string(ordinal));
     std::lock_guard<std::mutex> lock(mutex_);
-    unusable_[ordinal] = *why;
+    unusable_[ordinal] = Unusable{*why, trace::now_ns()};
     return nullptr;
   }
   start_device(*d);
   std::lock_guard<std::mutex> lock(mutex_);
+  unusable_.erase(ordinal);
   auto& slot = devices_[ordinal];
   slot = std::move(d);
   Device* device = slot.get();

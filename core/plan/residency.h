@@ -62,8 +62,9 @@ struct Settings {
 void configure(const Settings& settings);
 
 // Whether slots can be made on `device`. Its first asks for vaswap's copy streams there; where
-// they cannot be made (a device the program has all but filled) it never has slots, and `why`
-// says so. Asked before each slot is made.
+// they cannot be made (a device the program has all but filled) it has no slots, and `why` says
+// so. Asked before each slot is made; the streams are tried again once a second has passed since
+// the last failure (the program may have freed memory since).
 bool can_hold_slots(int device, std::string* why);
 // A slot the preload made. `backed`: it has its pages already (made outside a capture).
 void adopt(Slot* slot, bool backed);

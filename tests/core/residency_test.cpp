@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../sim/tests/sim_test.h"
@@ -218,8 +220,9 @@ TEST_F(ResidencyTest, ASlotGetsPagesAtItsFirstUseNotBefore) {
 // A device the program has all but filled may have no room for vaswap's two copy streams, made at
 // its first slot: it then gets no slots (the preload passes its allocations through), said by
 // name, instead of ending the process. The stream made before the failure is gone again, and the
-// answer holds for later allocations without trying again. Device 1 (512 MiB) holds one stream
-// of 300 MiB, not two. (Before any other test here makes slots on device 1.)
+// answer holds for later allocations for a second; then the streams are tried again. Device 1
+// (512 MiB) holds one stream of 300 MiB, not two. (Before any other test here makes slots on
+// device 1.)
 TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
   Slot* first = make_slot();  // device 0 is started before streams cost anything
   fill(first, 3);
@@ -234,12 +237,22 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
   EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "the first copy stream was not destroyed";
   vaswapSimSetStreamBytes(0);
   std::string again;
-  EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again";
+  EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again at once";
   EXPECT_EQ(why, again);
   std::string none;
   EXPECT_TRUE(residency::can_hold_slots(0, &none)) << none;
   EXPECT_TRUE(none.empty()) << none;
   expect_holds(first, 3);
+  // A second later the streams are tried again, and now fit: device 1 gets slots.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  std::string later;
+  EXPECT_TRUE(residency::can_hold_slots(1, &later)) << later;
+  EXPECT_TRUE(later.empty()) << later;
+  Slot* on_one = make_slot(1);
+  with_device(1, [&] {
+    fill(on_one, 9);
+    expect_holds(on_one, 9);
+  });
 }
 
 // A failed driver call's Error carries the driver's code as well as the message: the mover acts on
