@@ -589,7 +589,7 @@ class Residency {
   StreamKey key_of(CUstream stream);
   Marks& marks_of(const StreamKey& key);
   void close_mark(const StreamKey& key);
-  void refresh_budget(Device& d);
+  std::optional<uint64_t> refresh_budget(Device& d);
   // Also from the mover (evict_idle): no application thread lock is needed.
   bool ensure_host_copies(const std::vector<Entry*>& victims, std::string* why);
   bool ensure_host_copies(const std::vector<uint64_t>& ids, std::string* why);
@@ -1301,17 +1301,20 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   return free_bytes + d.physical + kept;
 }
 
-// Auto: the device's room for slots now, less the reserve.
-void Residency::refresh_budget(Device& d) {
+// Auto: the device's room for slots now, less the reserve. Returns the room it read (slot_room),
+// for a caller that needs it too; empty under a size budget (nothing read) or where it could not
+// be read (the last figure is kept).
+std::optional<uint64_t> Residency::refresh_budget(Device& d) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (settings_.budget_bytes != 0) return;
+    if (settings_.budget_bytes != 0) return std::nullopt;
   }
   const std::optional<uint64_t> room = slot_room(d);
-  if (!room) return;  // keep the last figure
+  if (!room) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   d.limit = *room;
   d.reserve = reserve_locked(d);
+  return room;
 }
 
 std::optional<uint64_t> Residency::device_room(int ordinal) {
@@ -2642,9 +2645,10 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
     std::lock_guard<std::mutex> submit(submit_);
     const int ordinal = slots[0]->device;
     Device& d = device(ordinal);
-    refresh_budget(d);
     // What the device itself can give slots: a size budget may allow more than the program left.
-    const std::optional<uint64_t> room = slot_room(d);
+    // The auto budget has just read it.
+    std::optional<uint64_t> room = refresh_budget(d);
+    if (!room) room = slot_room(d);
     Actions actions;
     actions.device = ordinal;
     std::vector<Entry*> needed, victims;
