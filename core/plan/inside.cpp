@@ -437,6 +437,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   uint64_t kept = 0;     // of the budget, what the rest of the program needs beside them
   residency::Others rest;
   uint64_t budget = s.budget_bytes;  // what the slots may hold at once
+  uint64_t room_with_reserve = 0;    // auto: `allowed` with residency.reserve given up
   // Rewritten for the auto budget's pressure: the device has no pages beyond it.
   const bool tight = s.mode == Mode::automatic && s.budget_bytes == 0;
   if (s.mode == Mode::automatic) {
@@ -445,7 +446,12 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     // Under the auto budget: what the device has for slots now. A graph whose slots do not fit
     // it could not be launched as captured (the launch would be refused for want of memory);
     // the windows aim at the budget's target, the reserve below it.
-    if (budget == 0) budget = residency::budget(device).target;
+    uint64_t limit = 0;  // auto: what the device has for slots, the reserve included
+    if (budget == 0) {
+      const residency::Budget auto_budget = residency::budget(device);
+      budget = auto_budget.target;
+      limit = auto_budget.limit;
+    }
     // Auto, 0: the device has nothing left for slots, and its launch is refused; said here, so
     // that the refusal's reader knows why no windows were tried.
     if (budget == 0) {
@@ -464,6 +470,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     kept = others + rest.lent + rest.largest_launch;
     allowed = budget > kept ? budget - kept : 1;
     ws.target = allowed;
+    room_with_reserve = limit > kept ? limit - kept : 0;
   }
   if (trace::enabled()) trace_input(graph, device, picked, candidates, scan.order.size(), ws);
   windows::Choice choice = windows::choose(candidates, scan.order.size(), ws);
@@ -476,13 +483,25 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
         hex(reinterpret_cast<uintptr_t>(graph)));
     return nullptr;
   }
+  if (tight && choice.peak_bytes > allowed && choice.peak_bytes <= room_with_reserve) {
+    // Beyond the auto budget's target but within the reserve below it: the reserve is headroom
+    // for the program's later allocations, and as captured the launch would be refused. The
+    // graph takes what it needs of it (on an H100 left 100 MiB, the auto budget refused the
+    // whole-step demo that a 12 MiB budget ran: bench/results/capacity_edges_session51_h100.md).
+    log().info(
+        "inside one graph: graph {}'s windows hold {} at once, {} of it from residency.reserve "
+        "(the headroom left to the program's own allocations)",
+        hex(reinterpret_cast<uintptr_t>(graph)), byte_size(choice.peak_bytes),
+        byte_size(choice.peak_bytes - allowed));
+    allowed = choice.peak_bytes;
+  }
   if (tight && choice.peak_bytes > allowed) {
     // Under the auto budget the room is the device's own: windows that cannot bring the graph
     // within it would leave a launch waiting for pages that never come, and the process would
     // end (invariant 12). As captured, the launch is refused with a named error instead.
     *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) +
            " at once, more than the device has for them beside the rest of the program (" +
-           byte_size(allowed) + ")";
+           byte_size(room_with_reserve) + ", residency.reserve included)";
     return nullptr;
   }
   if (!tight) {

@@ -507,9 +507,14 @@ class Residency {
     auto it = ids_.find(id);
     return it == ids_.end() ? nullptr : find_locked(it->second);
   }
+  // The user's, or auto: 1/32 of the device, at most 512 MiB, and at most half of what slots could
+  // have now (d.limit). On a device the program has all but filled, a fixed share of the GPU left
+  // slots nothing: on an H100 left 100 MiB, the auto budget's target was 0, the whole-step
+  // graph's windows were refused and its launch with them (bench/results/
+  // capacity_edges_session51_h100.md), where a 12 MiB budget ran it.
   uint64_t reserve_locked(const Device& d) const {
-    return settings_.reserve_bytes != 0 ? settings_.reserve_bytes
-                                        : std::min<uint64_t>(kAutoReserveMax, d.total / 32);
+    if (settings_.reserve_bytes != 0) return settings_.reserve_bytes;
+    return std::min({kAutoReserveMax, d.total / 32, d.limit / 2});
   }
   // "the residency budget of 4 MiB (residency.budget)", or the auto budget's kind; and the fix
   // that applies to it, for a refusal's message.
@@ -827,9 +832,9 @@ void Residency::start_device(Device& d) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    d.limit = free_bytes;
     d.reserve = reserve_locked(d);
   }
-  d.limit = free_bytes;
   // The device handshake unless the host one is asked for. It needs stream memory operations,
   // and is not used with one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1), where the restore
   // stream's wait for pages would hold every stream's later work behind it. The automatic choice

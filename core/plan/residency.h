@@ -51,7 +51,7 @@ enum class Handshake { automatic, device, host };
 struct Settings {
   uint64_t budget_bytes = 0;   // 0: auto (what the device has, less the reserve)
   uint64_t reserve_bytes = 0;  // auto budget only: headroom evictions leave; 0: auto (min(512
-                               // MiB, 1/32 of the device))
+                               // MiB, 1/32 of the device, half of what slots could have now))
   Handshake handshake = Handshake::automatic;
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   uint64_t host_limit_bytes = 0;  // pinned host memory for evicted slots; 0: no limit

@@ -338,6 +338,22 @@ refused "64 MiB device" "$base" VASWAP_SIM_DEVICE_MEMORY=64MiB --
 grep -q "recorded into a capture needs 2 MiB of slots mapped, and the residency budget of 0 B (what the device has free with every slot evicted).*selection.captured_only: false" \
   "$tmp/err" || fail "64 MiB device: the refused capture copy is not named with its fix: $(cat "$tmp/err")"
 echo "ok   64 MiB device, capture's buffers only: the capture's copy refused, named"
+# 100 MiB left on the 16 GiB device, every buffer a slot, the auto budget: its reserve (1/32 of
+# the GPU, at most 512 MiB) is at most half of what slots could have, and windows that need part
+# of it take it. Before, the reserve took all 100 MiB: the auto budget's target was 0, no windows
+# were tried and the launch was refused (as on an H100 left 100 MiB), where a 12 MiB budget ran.
+got=$(VASWAP_SIM_STREAM_BYTES=2MiB \
+  VASWAP_CONF="$base,selection.captured_only=false,log.level=info" \
+  run --trace "$tmp/auto_100.jsonl" -- "$demo" --quiet --steps 20 --graph whole \
+  --limit-mib 100 2>"$tmp/err") || fail "auto_100: the demo failed under vaswap: $(cat "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "auto_100: checksum '$got', without vaswap '$want'"
+grep -q "of it from residency.reserve" "$tmp/err" || fail "auto_100: the reserve's share not said"
+check auto_100 '
+assert len(rw) == 1 and rw[0]["windows"] > 0, rw
+assert s["inside_launches"] == 20 and s["inside_failures"] == 0 and s["errors"] == 0, s
+assert s["inside_peak_held"] * 2 <= s["inside_lent_bytes"], s
+'
+echo "ok   auto_100: 100 MiB left, the auto budget: windows inside the graph, $got"
 
 # 4. Fallbacks.
 whole no_memops "$base,inside.mode=on" VASWAP_SIM_MEMOPS=0
