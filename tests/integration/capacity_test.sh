@@ -331,12 +331,23 @@ print("     %d graphs rewritten, %d slots lent; device peak %d MiB, %d MiB witho
     s["inside_graphs"], s["inside_lent_slots"], s["peak_used"] >> 20, s["peak_without_releases"] >> 20))
 '
 echo "ok   every allocation a slot, one graph per step, auto budget: room made for the rewrite, slots used between launches not kept"
-# Where even its windows cannot bring the graph within the device (4 MiB buffers, 122 MiB), it is
-# instantiated as captured and its launch refused with a named error, as before: a rewrite
-# would leave its launch waiting for pages that never come, and the process would be ended.
-if VASWAP_SIM_DEVICE_MEMORY=122MiB VASWAP_CONF="$base" run -- "$demo" --quiet --steps 11 --layers 5 \
+# Where its windows bring the graph within the device only with part of residency.reserve
+# (4 MiB buffers, 122 MiB: 40 MiB at once, 1.8 MiB of them from the 3.8 MiB reserve), the graph
+# takes that part and runs to the checksum; before, it was instantiated as captured and its launch
+# refused. Where even the reserve is not enough (112 MiB), it is instantiated as captured and its
+# launch refused with a named error: a rewrite would leave its launch waiting for pages that
+# never come, and the process would be ended.
+want5=$("$demo" --quiet --steps 11 --layers 5 --elems 1048576 --graph whole)
+got=$(VASWAP_SIM_DEVICE_MEMORY=122MiB VASWAP_CONF="$base,log.level=info" run -- "$demo" --quiet \
+  --steps 11 --layers 5 --elems 1048576 --graph whole 2>"$tmp/err") ||
+  fail "whole_reserve: the demo failed on a 122 MiB device: $(cat "$tmp/err")"
+[[ "$got" == "$want5" ]] || fail "whole_reserve: checksum '$got', unconstrained '$want5'"
+grep -q "windows hold 40 MiB at once, 1.8 MiB of it from residency.reserve" "$tmp/err" ||
+  fail "whole_reserve: the reserve's share not said: $(cat "$tmp/err")"
+echo "ok   one graph per step whose windows fit with part of the reserve: rewritten, $got"
+if VASWAP_SIM_DEVICE_MEMORY=112MiB VASWAP_CONF="$base" run -- "$demo" --quiet --steps 11 --layers 5 \
   --elems 1048576 --graph whole >/dev/null 2>"$tmp/err"; then
-  fail "whole_short: the demo ran on a 122 MiB device"
+  fail "whole_short: the demo ran on a 112 MiB device"
 fi
 grep -q "is instantiated as captured: with its windows its slots still hold 40 MiB at once" "$tmp/err" ||
   fail "whole_short: no word of why the graph was not rewritten"
