@@ -8,11 +8,12 @@
 # (--update-step, and retargeted so), and with its buffers freed before the executable
 # (--free-first), with and without vaswap; and the demo's restores short of room within its
 # graph's reserve, with the GPU's queues and with one (CUDA_DEVICE_MAX_CONNECTIONS=1); and
-# capacity edges with every buffer a slot on a device left 100 and 24 MiB.
+# capacity edges with every buffer a slot on a device left 100 and 24 MiB; and how much of what
+# cuMemGetInfo reports free cuMemCreate can have on an all but full GPU (create_room).
 # Run from the repository root after
 #   cmake --build build/gpu --target vaswap core_tests_cuda stress_probe_cuda \
 #     stress_probe_shared_cuda train_layers_static_cuda launch_unmapped_cuda copy_forms_probe_cuda \
-#     copy_forms_probe_ptds_cuda
+#     copy_forms_probe_ptds_cuda create_room_cuda
 # Usage: OUT=DIR bash bench/run_checks_gpu.sh
 set -uo pipefail
 out=${OUT:?OUT names the folder for the results}/c
@@ -25,6 +26,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.
   "$bin/launch_unmapped_cuda"
   echo "rc=$?"
 } >"$out/launch_unmapped.txt" 2>&1
+
+{
+  "$bin/create_room_cuda" 256 64 24 8
+  echo "rc=$?"
+} >"$out/create_room.txt" 2>&1
 
 {
   for probe in copy_forms_probe_cuda copy_forms_probe_ptds_cuda; do
