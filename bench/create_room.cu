@@ -35,12 +35,9 @@ int main(int argc, char** argv) {
   std::vector<size_t> lefts;
   for (int i = 1; i < argc; ++i) lefts.push_back(std::strtoull(argv[i], nullptr, 10));
   if (lefts.empty()) lefts = {256, 64, 24, 8};
-  CK(cuInit(0));
   CUdevice dev = 0;
-  CK(cuDeviceGet(&dev, 0));
   CUcontext ctx = nullptr;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CK(start_device0(&dev, &ctx));
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;

@@ -16,3 +16,12 @@
       return 1;                              \
     }                                        \
   } while (0)
+
+// cuInit, then device 0's primary context made current: how the probes start.
+inline CUresult start_device0(CUdevice* device, CUcontext* context) {
+  CUresult rc = cuInit(0);
+  if (rc == CUDA_SUCCESS) rc = cuDeviceGet(device, 0);
+  if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(context, *device);
+  if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(*context);
+  return rc;
+}
