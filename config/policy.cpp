@@ -293,7 +293,8 @@ const Key kSchema[] = {
   {"residency.reserve", "auto | size", "auto or a size such as 1GiB", "auto",
    "With an auto budget, the headroom left to the program's own allocations once slots fill "
    "the device: evictions then bring the slots this far below it. auto is 1/32 of the device, "
-   "at most 512MiB.",
+   "at most 512MiB, and at most half of what slots could have (free memory plus what slots "
+   "hold); a rewritten graph's windows may take part of it rather than be refused.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "auto") { p.residency_reserve = 0; return true; }
      uint64_t bytes = 0;
