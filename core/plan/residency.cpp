@@ -696,6 +696,7 @@ class Residency {
     uint64_t at_ns = 0;
   };
   std::map<int, Unusable> unusable_;
+  std::atomic<uint64_t> started_{0};  // bit N: device N (< 64) is in devices_
   std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
@@ -780,6 +781,7 @@ Device* Residency::try_device(int ordinal, std::string* why) {
   unusable_.erase(ordinal);
   auto& slot = devices_[ordinal];
   slot = std::move(d);
+  if (ordinal >= 0 && ordinal < 64) started_.fetch_or(uint64_t{1} << ordinal);
   Device* device = slot.get();
   std::thread([this, device] { run_mover(*device); }).detach();
   std::thread([this, device] { run_unmapper(*device); }).detach();
@@ -810,6 +812,11 @@ CUresult Residency::make_copy_streams(Device& d) {
 
 // Whether slots can be made on the device: its copy streams are made at the first one.
 bool Residency::can_hold_slots(int ordinal, std::string* why) {
+  // Asked at every selected allocation: a started device answers without a lock.
+  if (ordinal >= 0 && ordinal < 64 &&
+      (started_.load(std::memory_order_acquire) >> ordinal & 1) != 0) {
+    return true;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);  // not submit_: launches hold it to decide
     if (devices_.count(ordinal) != 0) return true;
