@@ -63,7 +63,7 @@ programs=("$@")
 md=$out/overhead_h200.md
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(bench_commit)"
-  echo "# command: ${VASWAP_LIB:+VASWAP_LIB=$VASWAP_LIB }${VASWAP_LIB_B:+VASWAP_LIB_B=$VASWAP_LIB_B }RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK} bash bench/run_overhead_h200.sh ${programs[*]}"
+  echo "# command: ${VASWAP_LIB:+VASWAP_LIB=$VASWAP_LIB }${VASWAP_LIB_B:+VASWAP_LIB_B=$VASWAP_LIB_B }RUNS=$runs STEPS=$steps SKIP=$skip${INSIDE_CONF:+ INSIDE_CONF=$INSIDE_CONF}${EXTRA_CONF:+ EXTRA_CONF=$EXTRA_CONF}${EXTRA_CONF_B:+ EXTRA_CONF_B=$EXTRA_CONF_B}${RUN_TIMEOUT:+ RUN_TIMEOUT=$RUN_TIMEOUT}${WORK:+ WORK=$WORK}${DEMO_BUDGET:+ DEMO_BUDGET=$DEMO_BUDGET}${TORCH_BUDGET:+ TORCH_BUDGET=$TORCH_BUDGET} bash bench/run_overhead_h200.sh ${programs[*]}"
   echo
   echo "| program | policy | without vaswap (ms/step) | under vaswap (ms/step) | overhead | results | slots selected | host waits: for restores after the plan, for the pages of copies and memsets in the whole run (per run) | evictions / reclaims (per run) | freed in steady state (MiB) | inside graphs: lent MiB, away at peak, on-demand, room waits (windows mapped beyond the reserve after 100 ms) (per run) | first plan: windows, MiB each way, remap us of the copy test / of the run's own maps (per run) |"
   echo "|---|---|---|---|---:|---|---|---|---|---|---|---|"
