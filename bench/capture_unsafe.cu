@@ -23,13 +23,6 @@ __global__ void touch(unsigned* p) { p[threadIdx.x] += 1; }
 
 namespace {
 
-std::string name(CUresult rc) {
-  if (rc == CUDA_SUCCESS) return "ok";
-  const char* n = nullptr;
-  cuGetErrorName(rc, &n);
-  return n != nullptr ? n : std::to_string(static_cast<int>(rc));
-}
-
 struct Case {
   const char* what;
   std::function<CUresult()> call;
@@ -197,7 +190,7 @@ int main() {
       const CUresult ended = cuStreamEndCapture(S, &g);
       if (g != nullptr) cuGraphDestroy(g);
       std::printf("%-8s %-36s call %-40s capture %s\n", relaxed != 0 ? "relaxed" : "global", c.what,
-                  name(called).c_str(), name(ended).c_str());
+                  result_name(called).c_str(), result_name(ended).c_str());
       std::fflush(stdout);
       cuCtxSynchronize();  // the error of a failed call must not stay for the next case
     }

@@ -20,13 +20,6 @@
 
 namespace {
 
-std::string name(CUresult rc) {
-  if (rc == CUDA_SUCCESS) return "ok";
-  const char* n = nullptr;
-  cuGetErrorName(rc, &n);
-  return n != nullptr ? n : std::to_string(static_cast<int>(rc));
-}
-
 constexpr size_t kMiB = size_t{1} << 20;
 
 }  // namespace
@@ -80,7 +73,7 @@ int main(int argc, char** argv) {
     std::printf("%8zu %12.1f %14.1f %12.1f %26s %16s\n", left,
                 static_cast<double>(free_bytes) / kMiB, static_cast<double>(created) / kMiB,
                 (static_cast<double>(free_bytes) - static_cast<double>(created)) / kMiB,
-                name(failed).c_str(), name(alloc).c_str());
+                result_name(failed).c_str(), result_name(alloc).c_str());
     if (alloc == CUDA_SUCCESS) CK(cuMemFree(after));
     for (CUmemGenericAllocationHandle h : handles) CK(cuMemRelease(h));
     for (CUdeviceptr p : fill) CK(cuMemFree(p));

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <string>
 
 #define CK(x)                                \
   do {                                       \
@@ -24,4 +25,12 @@ inline CUresult start_device0(CUdevice* device, CUcontext* context) {
   if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(context, *device);
   if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(*context);
   return rc;
+}
+
+// "ok", or the driver's name for a code (the number where it has none).
+inline std::string result_name(CUresult rc) {
+  if (rc == CUDA_SUCCESS) return "ok";
+  const char* n = nullptr;
+  cuGetErrorName(rc, &n);
+  return n != nullptr ? n : std::to_string(static_cast<int>(rc));
 }
