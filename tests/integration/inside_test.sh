@@ -292,24 +292,24 @@ grep -q "recorded into a capture needs 4 MiB of slots mapped, and device 0 can g
 grep -q "Free device memory before the capture" "$tmp/err" || fail "6 MiB left: no fix given"
 ((SECONDS - start < 10)) || fail "6 MiB left: refused only after $((SECONDS - start)) s"
 echo "ok   6 MiB left: the capture's copy refused at once for the device's room, named"
-# 8 MiB left, and the device keeps 2 MiB of its free memory back from cuMemCreate
-# (VASWAP_SIM_CREATE_HOLDBACK), as an H100 left 24 MiB did: the room it reports covers the
+# 8 MiB left, and the device keeps 2 MiB of its free memory back from every allocation
+# (VASWAP_SIM_HOLDBACK), as an H100 left 24 MiB did: the room it reports covers the
 # capture's copy, and the map of its new slot still fails. With nothing in flight that could give
 # pages back, the mover gives that restore up and the copy is refused at once, named. Before, it
 # waited residency.wait_limit (22 s here, 32 s on the H100).
 start=$SECONDS
 refused "8 MiB left, 2 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_CREATE_HOLDBACK=2MiB -- --limit-mib 8
+  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_HOLDBACK=2MiB -- --limit-mib 8
 grep -q "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
   "$tmp/err" || fail "8 MiB left, 2 MiB held back: the give-up is not named: $(cat "$tmp/err")"
 ((SECONDS - start < 10)) || fail "8 MiB left, 2 MiB held back: refused only after $((SECONDS - start)) s"
-echo "ok   8 MiB left, 2 MiB held back from cuMemCreate: the capture's copy refused at once, named"
+echo "ok   8 MiB left, 2 MiB held back: the capture's copy refused at once, named"
 # 12 MiB left, the same 2 MiB held back: the rewrite does not fit, and the graph as captured is
 # instantiated while its copies' slots can get no pages (the capture's copy may also be refused
 # first: one run in six here). Either way the program is told it ran out of memory: before, the
 # instantiation gave the driver's cudaErrorInvalidValue (an address without pages).
 refused "12 MiB left, 2 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_CREATE_HOLDBACK=2MiB -- --limit-mib 12
+  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_HOLDBACK=2MiB -- --limit-mib 12
 grep -q "failed at .*: cudaErrorMemoryAllocation" "$tmp/err" ||
   fail "12 MiB left, 2 MiB held back: not out of memory: $(cat "$tmp/err")"
 if grep -q "cudaGraphInstantiate.*failed" "$tmp/err"; then

@@ -200,13 +200,17 @@ CUresult current_device(int* device) {
   return CUDA_SUCCESS;
 }
 
-CUresult charge_physical(int device, size_t bytes) {
+CUresult charge_physical(int device, size_t bytes, size_t keep_free) {
   Device& d = devices()[static_cast<size_t>(device)];
   size_t used = d.physical_bytes.load();
   do {
-    if (used + bytes > d.capacity_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (used + bytes + keep_free > d.capacity_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
   } while (!d.physical_bytes.compare_exchange_weak(used, used + bytes));
   return CUDA_SUCCESS;
+}
+
+CUresult charge_allocation(int device, size_t bytes) {
+  return charge_physical(device, bytes, devices()[static_cast<size_t>(device)].holdback.load());
 }
 
 void refund_physical(int device, size_t bytes) {
@@ -271,6 +275,10 @@ extern "C" void vaswapSimSetStreamBytes(unsigned long long bytes) {
   for (Device& d : devices()) d.stream_bytes.store(static_cast<size_t>(bytes));
 }
 
+extern "C" void vaswapSimSetHoldback(unsigned long long bytes) {
+  for (Device& d : devices()) d.holdback.store(static_cast<size_t>(bytes));
+}
+
 extern "C" unsigned long long vaswapSimPhysicalBytes(int device) {
   if (device < 0 || device >= device_count()) return 0;
   return devices()[static_cast<size_t>(device)].physical_bytes.load();
@@ -323,8 +331,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
                               (hidden != nullptr && std::atoi(hidden) == 1);
     const char* per_stream = std::getenv("VASWAP_SIM_STREAM_BYTES");
     const size_t stream_bytes = per_stream != nullptr ? parse_bytes(per_stream, 0) : 0;
-    const char* holdback = std::getenv("VASWAP_SIM_CREATE_HOLDBACK");
-    const size_t create_holdback = holdback != nullptr ? parse_bytes(holdback, 0) : 0;
+    const char* held_back = std::getenv("VASWAP_SIM_HOLDBACK");
+    const size_t holdback = held_back != nullptr ? parse_bytes(held_back, 0) : 0;
     std::vector<Device> devs(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       devs[static_cast<size_t>(i)].ordinal = i;
@@ -334,7 +342,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
       devs[static_cast<size_t>(i)].primary.device = i;
       devs[static_cast<size_t>(i)].single_queue = single_queue;
       devs[static_cast<size_t>(i)].stream_bytes = stream_bytes;
-      devs[static_cast<size_t>(i)].create_holdback = create_holdback;
+      devs[static_cast<size_t>(i)].holdback = holdback;
     }
     devices().swap(devs);
     g_initialized.store(true, std::memory_order_release);

@@ -85,7 +85,7 @@ void* map_anonymous(size_t bytes, int prot) {
 CUresult alloc_device(CUdeviceptr* dptr, size_t bytes, int device) {
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   const size_t charged = round_up(bytes, kGranularity);
-  SIM_TRY(charge_physical(device, charged));
+  SIM_TRY(charge_allocation(device, charged));
   void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
   if (p == nullptr) {
     refund_physical(device, charged);
@@ -508,10 +508,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
   if (prop->location.id < 0 || prop->location.id >= device_count())
     return CUDA_ERROR_INVALID_DEVICE;
   SIM_TRY(check_capture_safety());
-  // What the device keeps back from cuMemCreate (VASWAP_SIM_CREATE_HOLDBACK) must stay free.
-  const size_t holdback = devices()[static_cast<size_t>(prop->location.id)].create_holdback.load();
-  SIM_TRY(charge_physical(prop->location.id, bytes + holdback));
-  if (holdback > 0) refund_physical(prop->location.id, holdback);
+  SIM_TRY(charge_allocation(prop->location.id, bytes));
   const int fd = memfd_create("vaswap-sim-physical", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     if (fd >= 0) close(fd);
@@ -1022,7 +1019,7 @@ CUresult CUDAAPI cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* d
   const size_t rows = d->Height ? d->Height : 1;
   const size_t bytes = d->Width * element * rows;
   const size_t charged = round_up(bytes, kGranularity);
-  SIM_TRY(charge_physical(dev, charged));
+  SIM_TRY(charge_allocation(dev, charged));
   void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
   if (p == nullptr) {
     refund_physical(dev, charged);

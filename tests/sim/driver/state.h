@@ -112,12 +112,12 @@ struct Device {
   // destroyed (0 by default). A GPU's streams cost some; on an H100 left 24 MiB, vaswap's were
   // refused for want of it (bench/results/capacity_edges_session51_h100.md).
   std::atomic<size_t> stream_bytes{0};
-  // VASWAP_SIM_CREATE_HOLDBACK: device memory that cuMemGetInfo reports free but cuMemCreate
-  // cannot have (0 by default): a cuMemCreate that would leave less than this free fails out of
-  // memory. On an H100 left 24 MiB, a 2 MiB cuMemCreate failed where cuMemGetInfo's free memory
-  // covered it (bench/results/gpu_checks_session53_84fc099_h100.md); how much a GPU keeps back
-  // was not measured.
-  std::atomic<size_t> create_holdback{0};
+  // VASWAP_SIM_HOLDBACK: device memory that cuMemGetInfo reports free but no allocation can
+  // have (0 by default): a cuMemCreate, cuMemAlloc or array that would leave less than this free
+  // fails out of memory. An H100 reported about 2.2 MiB free that neither cuMemCreate nor
+  // cuMemAlloc could get, at every fill from 256 to 8 MiB left
+  // (bench/results/create_room_session54_h100.txt).
+  std::atomic<size_t> holdback{0};
   Context primary;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of the device feeds one hardware queue. An
   // operation is dispatched only after every operation submitted before it (from any stream) was
@@ -162,7 +162,10 @@ int device_count();
 Context* current_context();
 CUresult current_device(int* device);
 // Charges `bytes` of physical memory to `device`, or fails with CUDA_ERROR_OUT_OF_MEMORY.
-CUresult charge_physical(int device, size_t bytes);
+// Charges bytes of the device's memory, out of memory where that would leave less than keep_free.
+CUresult charge_physical(int device, size_t bytes, size_t keep_free = 0);
+// An allocation's charge (cuMemCreate, cuMemAlloc*, arrays): keeps the device's holdback free.
+CUresult charge_allocation(int device, size_t bytes);
 void refund_physical(int device, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------

@@ -111,6 +111,38 @@ TEST_F(VmmTest, CreateBeyondDeviceCapacityIsOutOfMemory) {
   EXPECT_EQ(0u, vaswapSimPhysicalBytes(1));
 }
 
+// VASWAP_SIM_HOLDBACK / vaswapSimSetHoldback: memory cuMemGetInfo reports free that neither
+// cuMemCreate nor cuMemAlloc gets, as on an H100 (about 2.2 MiB at every fill,
+// bench/results/create_room_session54_h100.txt). A refused allocation charges nothing.
+TEST_F(VmmTest, HeldBackMemoryIsReportedFreeButNoAllocationGetsIt) {
+  struct Reset {
+    ~Reset() { vaswapSimSetHoldback(0); }
+  } reset;
+  const size_t start = free_bytes();
+  ASSERT_GE(start, 8 * kGran);
+  CUdeviceptr fill = 0;
+  ASSERT_CU(cuMemAlloc(&fill, start - 3 * kGran));
+  ASSERT_EQ(3 * kGran, free_bytes());
+  vaswapSimSetHoldback(kGran + kGran / 2);  // 3 MiB: more than a granule, as a GPU's 2.2 MiB
+  const CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle a = 0, b = 0;
+  ASSERT_CU(cuMemCreate(&a, kGran, &prop, 0));  // leaves 4 MiB free: at least the 3 held back
+  EXPECT_EQ(2 * kGran, free_bytes()) << "what is held back is reported free";
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemCreate(&b, kGran, &prop, 0));
+  CUdeviceptr p = 0;
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&p, kGran));
+  EXPECT_EQ(2 * kGran, free_bytes()) << "a refused allocation charges nothing";
+  vaswapSimSetHoldback(0);
+  ASSERT_CU(cuMemAlloc(&p, kGran));
+  ASSERT_CU(cuMemCreate(&b, kGran, &prop, 0));
+  EXPECT_EQ(0u, free_bytes());
+  ASSERT_CU(cuMemRelease(a));
+  ASSERT_CU(cuMemRelease(b));
+  ASSERT_CU(cuMemFree(p));
+  ASSERT_CU(cuMemFree(fill));
+  EXPECT_EQ(start, free_bytes());
+}
+
 TEST_F(VmmTest, DevicesReportTheirConfiguredCapacity) {
   size_t total0 = 0, total1 = 0;
   ASSERT_CU(cuDeviceTotalMem(&total0, 0));

@@ -83,6 +83,9 @@ void vaswapSimSetMemopsSupported(int supported);
 /* Device memory each stream made from now on holds until destroyed (as VASWAP_SIM_STREAM_BYTES;
  * 0, the default, makes streams free). A creation the device cannot hold is out of memory. */
 void vaswapSimSetStreamBytes(unsigned long long bytes);
+/* Device memory that cuMemGetInfo reports free but no allocation (cuMemCreate, cuMemAlloc*,
+ * arrays) can have, from now on (as VASWAP_SIM_HOLDBACK; 0, the default, holds nothing back). */
+void vaswapSimSetHoldback(unsigned long long bytes);
 
 #ifdef __cplusplus
 }
