@@ -1179,7 +1179,7 @@ bool room_beside_graphs(const Call& call, size_t bytes) {
     } catch (const Error&) {
       free_bytes = SIZE_MAX;  // not known: the allocation goes ahead, as without graphs
     }
-    return static_cast<uint64_t>(free_bytes);
+    return free_bytes == SIZE_MAX ? uint64_t{SIZE_MAX} : allocatable(free_bytes);
   };
   uint64_t free_bytes = free_now();
   if (free_bytes >= bytes + owed) return true;
@@ -1189,7 +1189,7 @@ bool room_beside_graphs(const Call& call, size_t bytes) {
   const std::string message =
       std::string(call.symbol) + " of " + byte_size(bytes) + " on device " +
       std::to_string(device) + " is refused for want of memory: the device has " +
-      byte_size(free_bytes) + " free, and " + byte_size(owed) +
+      byte_size(free_bytes) + " free that allocations can have, and " + byte_size(owed) +
       " of that are pages that graphs rewritten under the auto budget map during their launches "
       "(no pages exist beyond them: taken, a launch would wait on the device for pages that never "
       "come). Allocate before the graph is captured, or free device memory";

@@ -1299,8 +1299,9 @@ void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out)
 // Carrying decisions out (application thread, under submit_)
 // =============================================================================================
 
-// What the device could give slots now: what it has free plus what slots hold there (spare
-// handles included: reusable by slots, not the program's). Empty when it cannot be read.
+// What the device could give slots now: what it has free (less what no allocation gets) plus
+// what slots hold there (spare handles included: reusable by slots, not the program's). Empty
+// when it cannot be read.
 std::optional<uint64_t> Residency::slot_room(Device& d) {
   const Driver& driver = drv();
   size_t free_bytes = 0, total_bytes = 0;
@@ -1310,7 +1311,7 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   }
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  return free_bytes + d.physical + kept;
+  return allocatable(free_bytes) + d.physical + kept;
 }
 
 // Auto: the device's room for slots now, less the reserve. Returns the room it read (slot_room),
@@ -2367,7 +2368,7 @@ void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<
   for (const auto& [device, bytes] : smallest) {
     size_t free_bytes = 0, total_bytes = 0;
     engine().memory_info(device, &free_bytes, &total_bytes);
-    if (free_bytes < bytes) make_room(device, bytes);
+    if (allocatable(free_bytes) < bytes) make_room(device, bytes);
   }
   std::lock_guard<std::mutex> submit(submit_);  // nothing new is decided meanwhile
   std::vector<Slot*> map;
@@ -3288,6 +3289,7 @@ bool Residency::give_up_for_capture(Device& d, const Job& job, CUresult failed_w
   d.committed -= e->pages;
   e->where = job.before;
   e->no_pages = failure;
+  --(job.before == Where::unbacked ? stats_.first_maps : stats_.restores);  // none took place
   d.mover_state = MoverState();
   changed_.notify_all();
   return true;

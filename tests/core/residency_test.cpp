@@ -34,6 +34,16 @@ namespace vaswap {
 namespace {
 
 constexpr size_t kPage = 2u << 20;  // one VMM granule: each test slot is one page
+
+// The simulated device keeps one page of its free memory back from every allocation while this
+// lives (vaswapSimSetHoldback), as an H100 kept about 2.2 MiB
+// (bench/results/create_room_session54_h100.txt).
+struct HoldBack {
+  HoldBack() { vaswapSimSetHoldback(kPage); }
+  ~HoldBack() { vaswapSimSetHoldback(0); }
+  HoldBack(const HoldBack&) = delete;
+  HoldBack& operator=(const HoldBack&) = delete;
+};
 constexpr uint32_t kWords = kPage / sizeof(uint32_t);
 
 class ResidencyTest : public SimTest {
@@ -361,11 +371,13 @@ TEST_F(ResidencyTest, AnEvictionDuringACaptureWaitsForUsesBeforeIt) {
 // it, leaving that much to the program's own allocations.
 TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPressure) {
   configure(0, 0, residency::Handshake::host, /*reserve=*/4 * kPage);
-  // Leave 6 pages free on the device.
+  // Leave 6 pages on the device that allocations can have, and one more that cuMemGetInfo
+  // reports free and no allocation gets, as on an H100.
+  const HoldBack held_back;
   size_t free = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free, &total));
   CUdeviceptr held = 0;
-  ASSERT_CU(cuMemAlloc(&held, free - 6 * kPage));
+  ASSERT_CU(cuMemAlloc(&held, free - 7 * kPage));
   const uint64_t before = residency::stats().evictions;
   std::vector<Slot*> slots;
   for (uint32_t i = 0; i < 6; ++i) {
@@ -383,7 +395,7 @@ TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPre
   EXPECT_EQ(residency::stats().evictions - before, 5u);
   wait_mapped({slots[0], slots[1], slots[2], slots[3], slots[4]}, false);
   ASSERT_CU(cuMemGetInfo(&free, &total));
-  EXPECT_EQ(free, 4 * kPage) << "the reserve is free for the program";
+  EXPECT_EQ(free, 5 * kPage) << "the reserve is free for the program, beside the page held back";
   for (uint32_t i = 0; i < 7; ++i) expect_holds(slots[i], 50 + i);
   ASSERT_CU(cuMemFree(held));
 }
@@ -396,10 +408,11 @@ TEST_F(ResidencyTest, TheAutoBudgetUsesTheWholeDeviceAndLeavesTheReserveUnderPre
 TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
   const std::string path = open_trace("handoff");
   configure(0, 0, residency::Handshake::host, /*reserve=*/4 * kPage);
+  const HoldBack held_back;  // one page reported free that no allocation gets, as on an H100
   size_t free = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free, &total));
   CUdeviceptr held = 0;
-  ASSERT_CU(cuMemAlloc(&held, free - 6 * kPage));
+  ASSERT_CU(cuMemAlloc(&held, free - 7 * kPage));
   std::vector<Slot*> slots;
   for (uint32_t i = 0; i < 7; ++i) {  // the seventh finds the device full: five leave
     // The six first uses done before the seventh's: the evictions' copies then run in the order
@@ -415,7 +428,7 @@ TEST_F(ResidencyTest, AnEvictionForASlotOfItsSizeHandsItsPagesOver) {
   ASSERT_CU(cuStreamSynchronize(stream_));
   wait_mapped({slots[0], slots[1], slots[2], slots[3], slots[4]}, false);
   ASSERT_CU(cuMemGetInfo(&free, &total));
-  EXPECT_EQ(free, 4 * kPage) << "the reserve is free for the program";
+  EXPECT_EQ(free, 5 * kPage) << "the reserve is free for the program, beside the page held back";
   for (uint32_t i = 0; i < 7; ++i) expect_holds(slots[i], 70 + i);
   const Reuse r = read_reuse(path);
   // The first eviction for the seventh slot unmaps while slots hold 6 pages against a target of

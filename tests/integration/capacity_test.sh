@@ -332,22 +332,23 @@ print("     %d graphs rewritten, %d slots lent; device peak %d MiB, %d MiB witho
 '
 echo "ok   every allocation a slot, one graph per step, auto budget: room made for the rewrite, slots used between launches not kept"
 # Where its windows bring the graph within the device only with part of residency.reserve
-# (4 MiB buffers, 122 MiB: 40 MiB at once, 1.8 MiB of them from the 3.8 MiB reserve), the graph
+# (4 MiB buffers, 124 MiB: 40 MiB at once, 1.9 MiB of them from the 3.9 MiB reserve; 2 MiB of
+# cuMemGetInfo's free memory is not counted, as no allocation gets it on an H100), the graph
 # takes that part and runs to the checksum; before, it was instantiated as captured and its launch
-# refused. Where even the reserve is not enough (112 MiB), it is instantiated as captured and its
+# refused. Where even the reserve is not enough (120 MiB), it is instantiated as captured and its
 # launch refused with a named error: a rewrite would leave its launch waiting for pages that
 # never come, and the process would be ended.
 want5=$("$demo" --quiet --steps 11 --layers 5 --elems 1048576 --graph whole)
-got=$(VASWAP_SIM_DEVICE_MEMORY=122MiB VASWAP_CONF="$base,log.level=info" run -- "$demo" --quiet \
+got=$(VASWAP_SIM_DEVICE_MEMORY=124MiB VASWAP_CONF="$base,log.level=info" run -- "$demo" --quiet \
   --steps 11 --layers 5 --elems 1048576 --graph whole 2>"$tmp/err") ||
-  fail "whole_reserve: the demo failed on a 122 MiB device: $(cat "$tmp/err")"
+  fail "whole_reserve: the demo failed on a 124 MiB device: $(cat "$tmp/err")"
 [[ "$got" == "$want5" ]] || fail "whole_reserve: checksum '$got', unconstrained '$want5'"
-grep -q "windows hold 40 MiB at once, 1.8 MiB of it from residency.reserve" "$tmp/err" ||
+grep -q "windows hold 40 MiB at once, 1.9 MiB of it from residency.reserve" "$tmp/err" ||
   fail "whole_reserve: the reserve's share not said: $(cat "$tmp/err")"
 echo "ok   one graph per step whose windows fit with part of the reserve: rewritten, $got"
-if VASWAP_SIM_DEVICE_MEMORY=112MiB VASWAP_CONF="$base" run -- "$demo" --quiet --steps 11 --layers 5 \
+if VASWAP_SIM_DEVICE_MEMORY=120MiB VASWAP_CONF="$base" run -- "$demo" --quiet --steps 11 --layers 5 \
   --elems 1048576 --graph whole >/dev/null 2>"$tmp/err"; then
-  fail "whole_short: the demo ran on a 112 MiB device"
+  fail "whole_short: the demo ran on a 120 MiB device"
 fi
 grep -q "is instantiated as captured: with its windows its slots still hold 40 MiB at once" "$tmp/err" ||
   fail "whole_short: no word of why the graph was not rewritten"
@@ -361,13 +362,13 @@ echo "ok   one graph per step that its windows cannot fit: instantiated as captu
 # it was granted, and a restore the graph waited for on the device found no pages: the process
 # was ended (exit 70) mid-launch, for every size of the allocation tried (1 to 8 MiB).
 wantx=$("$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4)
-got=$(VASWAP_SIM_DEVICE_MEMORY=58MiB VASWAP_CONF="$base,residency.reserve=6MiB,log.level=info" \
+got=$(VASWAP_SIM_DEVICE_MEMORY=60MiB VASWAP_CONF="$base,residency.reserve=6MiB,log.level=info" \
   run -- "$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4 2>"$tmp/err") ||
   fail "whole_grows: the demo failed under vaswap with room beside the graph"
 [[ "$got" == "$wantx" ]] || fail "whole_grows: checksum '$got', unconstrained '$wantx'"
 grep -q "rewritten with" "$tmp/err" || fail "whole_grows: no graph was rewritten"
 set +e
-VASWAP_SIM_DEVICE_MEMORY=58MiB VASWAP_CONF="$base,residency.reserve=4MiB" \
+VASWAP_SIM_DEVICE_MEMORY=60MiB VASWAP_CONF="$base,residency.reserve=4MiB" \
   run -- "$demo" --quiet --steps 18 --layers 4 --graph whole --extra-mib 4 >/dev/null 2>"$tmp/err"
 rc=$?
 set -e
