@@ -282,7 +282,7 @@ const Key kSchema[] = {
    "Device memory the slots may hold at once. auto: what the device has free, so a job that "
    "fits pays nothing and vaswap offloads only what memory pressure requires (then down to "
    "residency.reserve below it). A size: the slots stay within it even when the device has "
-   "room.",
+   "room, and within what the device has for them where that is less.",
    [](Policy& p, const std::string& v) {
      if (trim(v) == "auto") { p.residency_budget = 0; return true; }
      uint64_t bytes = 0;

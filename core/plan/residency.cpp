@@ -364,9 +364,10 @@ struct Device {
   uint64_t lent = 0;            // reserved for the executors of rewritten graphs (plan/inside.h)
   uint64_t largest_launch = 0;  // the most bytes of slots one acquire() has needed (others())
   uint64_t physical = 0;        // pages mapped now
-  uint64_t limit = 0;           // auto: what slots may hold, last computed (free + what they hold)
-  uint64_t reserve = 0;         // auto: the headroom evictions leave the program
-  uint64_t total = 0;           // the device's memory
+  uint64_t limit = 0;      // what the device could give slots, last read (free + what they hold)
+  bool room_read = false;  // limit was read from the device (a size budget is bounded by it)
+  uint64_t reserve = 0;    // auto: the headroom evictions leave the program
+  uint64_t total = 0;      // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
   // Restore copies in flight, each stream's in its order: the host path's on `restore`, the
@@ -519,19 +520,35 @@ class Residency {
   // "the residency budget of 4 MiB (residency.budget)", or the auto budget's kind; and the fix
   // that applies to it, for a refusal's message.
   std::string budget_named_locked(const Budget& budget) const {
+    if (budget.device_bound) {
+      return "what the device can give slots, " + byte_size(budget.limit) +
+             " (its free memory less 2 MiB, what slots hold and kept handles; residency.budget " +
+             "allows " + byte_size(settings_.budget_bytes) + ")";
+    }
     return "the residency budget of " + byte_size(budget.limit) +
            (settings_.budget_bytes != 0 ? " (residency.budget)"
                                         : " (what the device has free with every slot evicted)");
   }
-  std::string budget_fix_locked() const {
+  std::string budget_fix_locked(const Budget& budget) const {
+    if (budget.device_bound) {
+      return "free device memory, or let more of the program's buffers be slots "
+             "(selection.captured_only: false) so that they can be evicted";
+    }
     return settings_.budget_bytes != 0
                ? "raise residency.budget, or free device memory"
                : "free device memory, or let more of the program's buffers be slots "
                  "(selection.captured_only: false) so that they can be evicted";
   }
+  // A size budget is bounded by what the device could give slots when last read (d.limit): a
+  // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided
+  // restores into pages the device would not give, and each launch that needed one waited
+  // residency.wait_limit before it failed.
   Budget budget_locked(const Device& d) const {
-    if (settings_.budget_bytes != 0) return {settings_.budget_bytes, settings_.budget_bytes};
-    return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0};
+    if (settings_.budget_bytes != 0) {
+      if (d.room_read && d.limit < settings_.budget_bytes) return {d.limit, d.limit, true};
+      return {settings_.budget_bytes, settings_.budget_bytes, false};
+    }
+    return {d.limit, d.limit > d.reserve ? d.limit - d.reserve : 0, false};
   }
   int64_t distance_locked(const Entry& e) const;
   bool parked_locked(const StreamKey& key) const;
@@ -831,7 +848,8 @@ void Residency::start_device(Device& d) {
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
   size_t free_bytes = 0, total_bytes = 0;
-  if (driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) d.total = total_bytes;
+  const bool read = driver.cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS;
+  if (read) d.total = total_bytes;
   Settings s;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -839,7 +857,8 @@ void Residency::start_device(Device& d) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    d.limit = free_bytes;
+    d.limit = read ? allocatable(free_bytes) : 0;  // no slots yet: the device's room is its free
+    d.room_read = read;
     d.reserve = reserve_locked(d);
   }
   // The device handshake unless the host one is asked for. It needs stream memory operations,
@@ -1314,18 +1333,15 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   return allocatable(free_bytes) + d.physical + kept;
 }
 
-// Auto: the device's room for slots now, less the reserve. Returns the room it read (slot_room),
-// for a caller that needs it too; empty under a size budget (nothing read) or where it could not
-// be read (the last figure is kept).
+// The device's room for slots now (d.limit): the auto budget, less the reserve; the bound on a
+// size budget. Returns the room it read (slot_room), for a caller that needs it too; empty where
+// it could not be read (the last figure is kept).
 std::optional<uint64_t> Residency::refresh_budget(Device& d) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (settings_.budget_bytes != 0) return std::nullopt;
-  }
   const std::optional<uint64_t> room = slot_room(d);
   if (!room) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   d.limit = *room;
+  d.room_read = true;
   d.reserve = reserve_locked(d);
   return room;
 }
@@ -2043,14 +2059,14 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         if (e->where != Where::resident) new_pages += e->pages;
       }
       d.largest_launch = std::max(d.largest_launch, need_pages);
-      refresh = new_pages > 0 && !refreshed && settings_.budget_bytes == 0;
+      refresh = new_pages > 0 && !refreshed;
       const Budget budget = budget_locked(d);
       if (!refresh && need_pages > budget.limit) {
         ++stats_.oom_launches;
-        *message =
-            what + " needs " + byte_size(need_pages) + " of slots on device " +
-            std::to_string(ordinal) + " at once, more than " + budget_named_locked(budget) +
-            "; nothing was launched and every slot keeps its data. To fix: " + budget_fix_locked();
+        *message = what + " needs " + byte_size(need_pages) + " of slots on device " +
+                   std::to_string(ordinal) + " at once, more than " + budget_named_locked(budget) +
+                   "; nothing was launched and every slot keeps its data. To fix: " +
+                   budget_fix_locked(budget);
         if (trace::enabled()) {
           trace::Record(trace::Event::oom)
               .add("what", what)
@@ -2095,7 +2111,7 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
             }
           }
           *message = what + " needs " + byte_size(new_pages) + " more of slots on device " +
-                     std::to_string(ordinal) + " within the budget of " + byte_size(budget.limit) +
+                     std::to_string(ordinal) + " within " + budget_named_locked(budget) +
                      ", but only " + byte_size(freed) + " can be evicted (" +
                      byte_size(d.committed) + " held: " + byte_size(mine) + " by this launch, " +
                      byte_size(pinned) + " pinned by other launches, " + byte_size(open_marks) +
@@ -2658,10 +2674,9 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
     std::lock_guard<std::mutex> submit(submit_);
     const int ordinal = slots[0]->device;
     Device& d = device(ordinal);
-    // What the device itself can give slots: a size budget may allow more than the program left.
-    // The auto budget has just read it.
-    std::optional<uint64_t> room = refresh_budget(d);
-    if (!room) room = slot_room(d);
+    // What the device itself can give slots, read now: a size budget may allow more than the
+    // program left.
+    const std::optional<uint64_t> room = refresh_budget(d);
     Actions actions;
     actions.device = ordinal;
     std::vector<Entry*> needed, victims;
@@ -2690,7 +2705,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
         const uint64_t to = std::max(std::min(budget.target, limit), new_pages);
         victims = victims_locked(d, d.committed + new_pages - to, needed, /*recorded_only=*/true);
         for (const Entry* v : victims) freed += v->pages;
-        cause = d.committed + new_pages > budget.limit ? "budget" : "room";
+        cause = !budget.device_bound && d.committed + new_pages > budget.limit ? "budget" : "room";
       }
       if (new_pages > 0 && d.committed + new_pages - freed > limit) {
         // Slots passed over only until something in flight ends (a restore landing, another
@@ -2708,14 +2723,14 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
                                         " ms; the rest used while the capture is open)";
           *message = "a copy or memset recorded into a capture needs " + byte_size(new_pages) +
                      " of slots mapped, and ";
-          if (d.committed + new_pages - freed > budget.limit) {
+          if (!budget.device_bound && d.committed + new_pages - freed > budget.limit) {
             *message += budget_named_locked(budget) + " on device " + std::to_string(ordinal) +
                         " has " +
                         byte_size(budget.limit > d.committed ? budget.limit - d.committed : 0) +
-                        " left" + evictable + "; " + budget_fix_locked();
+                        " left" + evictable + "; " + budget_fix_locked(budget);
           } else {
             *message += "device " + std::to_string(ordinal) + " can give slots " +
-                        byte_size(*room) +
+                        byte_size(room ? *room : budget.limit) +
                         " in all (its free memory, what slots hold and kept handles), " +
                         byte_size(d.committed) + " of it held or on its way" + evictable +
                         "; the rest of the device is the program's own memory. Free device " +

@@ -29,6 +29,12 @@
 #      instantiation, the checksum unchanged; one its windows cannot fit: refused by name. The
 #      program's allocations after the rewrite: granted beside the graph's reserve, or refused
 #      by name (out of memory) where they would take pages its restores need.
+#   7. A size budget beyond what the program left the device (residency.budget=64MiB, where the
+#      device has 32 MiB or less for slots): the device's room bounds it, so slots are evicted
+#      to it and the demo runs to the checksum under either handshake; where even one launch's
+#      slots exceed the room (70 MiB), the launch is refused at once, by name. Before, restores
+#      were decided into pages the device would not give and the process was ended after
+#      residency.wait_limit (exit 70).
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -378,4 +384,25 @@ grep -q "cudaMalloc of 4 MiB on device 0 is refused for want of memory.*graphs r
 grep -q "train_layers.cu:[0-9]*: cudaErrorMemoryAllocation" "$tmp/err" ||
   fail "whole_grows: the program did not see its allocation fail"
 echo "ok   the program allocating after the rewrite: beside the graph's reserve where it fits; refused by name where it would take it, not ended"
+for handshake in device host; do
+  start=$SECONDS
+  under 100MiB "size_beyond_$handshake" "$base,residency.budget=64MiB,residency.handshake=$handshake"
+  ((SECONDS - start < 10)) || fail "size_beyond_$handshake: took $((SECONDS - start)) s"
+  summary "size_beyond_$handshake" '
+assert s["evictions"] > 0 and s["errors"] == 0, s
+assert s["peak_used"] <= 100 * MiB, s
+print("     %d evictions, device peak %d MiB" % (s["evictions"], s["peak_used"] >> 20))
+'
+done
+start=$SECONDS
+set +e
+VASWAP_SIM_DEVICE_MEMORY=70MiB VASWAP_CONF="$base,residency.budget=64MiB" \
+  run -- "$demo" --quiet --steps 20 >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 && $rc != 70 ]] || fail "size_beyond_short: exit status $rc, not the program's own failure"
+grep -q "needs 4 MiB of slots on device 0 at once, more than what the device can give slots, 2 MiB (its free memory less 2 MiB, what slots hold and kept handles; residency.budget allows 64 MiB)" \
+  "$tmp/err" || fail "size_beyond_short: the refusal is not named: $(cat "$tmp/err")"
+((SECONDS - start < 10)) || fail "size_beyond_short: refused only after $((SECONDS - start)) s"
+echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes); refused at once, by name, where a launch cannot fit"
 echo "capacity: all checks passed"

@@ -280,43 +280,43 @@ handshake_fallback="the host handshake, because vaswap's own streams for it coul
 grep -q "$handshake_fallback" "$tmp/err" ||
   fail "24 MiB left: the host handshake is not said: $(cat "$tmp/err")"
 echo "ok   24 MiB left on a 16 GiB device: the host handshake said, the launch refused at once"
-# 6 MiB left, 2 MiB a stream: vaswap's copy streams leave slots 2 MiB, and the capture's first copy
-# names two slots. Within the budget but beyond the device, it is refused at once, named. Before,
-# its second slot's restore waited residency.wait_limit for pages that never came (here and on an
-# H100 left 24 MiB), and the refusal said only that.
-start=$SECONDS
-refused "6 MiB left" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_STREAM_BYTES=2MiB -- --limit-mib 6
-grep -q "recorded into a capture needs 4 MiB of slots mapped, and device 0 can give slots 2 MiB in all" \
-  "$tmp/err" || fail "6 MiB left: the capture's copy is not refused for the device's room: $(cat "$tmp/err")"
+# A capture's copy on a device the program left too little, under residency.budget=16MiB and
+# 2 MiB a stream: refused within 10 s with a message that matches $2.
+copy_refused_at_once() {
+  local name=$1 pattern=$2 start=$SECONDS
+  shift 2
+  refused "$name" "$base,selection.captured_only=false,residency.budget=16MiB" \
+    VASWAP_SIM_STREAM_BYTES=2MiB "$@"
+  grep -q "$pattern" "$tmp/err" || fail "$name: not refused as '$pattern': $(cat "$tmp/err")"
+  ((SECONDS - start < 10)) || fail "$name: refused only after $((SECONDS - start)) s"
+}
+room_refusal="recorded into a capture needs 4 MiB of slots mapped, and device 0 can give slots 2 MiB in all"
+# 6 MiB left: vaswap's copy streams leave slots 2 MiB, and the capture's first copy names two
+# slots. Within the budget but beyond the device, it is refused at once, named. Before, its second
+# slot's restore waited residency.wait_limit for pages that never came (here and on an H100 left
+# 24 MiB), and the refusal said only that.
+copy_refused_at_once "6 MiB left" "$room_refusal" -- --limit-mib 6
 grep -q "Free device memory before the capture" "$tmp/err" || fail "6 MiB left: no fix given"
-((SECONDS - start < 10)) || fail "6 MiB left: refused only after $((SECONDS - start)) s"
 echo "ok   6 MiB left: the capture's copy refused at once for the device's room, named"
 # 8 MiB left, and the device keeps 2 MiB of its free memory back from every allocation
 # (VASWAP_SIM_HOLDBACK), as an H100 did at every fill (about 2.2 MiB,
 # bench/results/create_room_session54_h100.txt). vaswap does not count that much of cuMemGetInfo's
 # free memory as room, so the capture's copy is refused at once for the device's room, as at
-# 6 MiB left. Before, the map of its new slot failed, and the copy waited residency.wait_limit
-# (22 s here, 32 s on an H100 left 24 MiB) or, since 2914446, for three failed maps.
-start=$SECONDS
-refused "8 MiB left, 2 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_HOLDBACK=2MiB -- --limit-mib 8
-grep -q "recorded into a capture needs 4 MiB of slots mapped, and device 0 can give slots 2 MiB in all" \
-  "$tmp/err" || fail "8 MiB left, 2 MiB held back: not refused for the device's room: $(cat "$tmp/err")"
+# 6 MiB left, and no map is tried. Before, the map of its new slot failed, and the copy waited
+# residency.wait_limit (22 s here, 32 s on an H100 left 24 MiB) or, since 2914446, for three
+# failed maps.
+copy_refused_at_once "8 MiB left, 2 MiB held back" "$room_refusal" VASWAP_SIM_HOLDBACK=2MiB -- \
+  --limit-mib 8
 grep -q "cuMemCreate failed" "$tmp/err" &&
   fail "8 MiB left, 2 MiB held back: a map was tried into the memory held back: $(cat "$tmp/err")"
-((SECONDS - start < 10)) || fail "8 MiB left, 2 MiB held back: refused only after $((SECONDS - start)) s"
 echo "ok   8 MiB left, 2 MiB held back: the capture's copy refused at once for the device's room, named"
 # 10 MiB left, and the device keeps 4 MiB back: more than vaswap leaves out of its room, so the
 # room it counts covers the capture's copy and the map of its new slot still fails. With nothing
 # in flight that could give pages back, the mover gives that restore up and the copy is refused
 # at once, naming the failed call.
-start=$SECONDS
-refused "10 MiB left, 4 MiB held back" "$base,selection.captured_only=false,residency.budget=16MiB" \
-  VASWAP_SIM_STREAM_BYTES=2MiB VASWAP_SIM_HOLDBACK=4MiB -- --limit-mib 10
-grep -q "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
-  "$tmp/err" || fail "10 MiB left, 4 MiB held back: the give-up is not named: $(cat "$tmp/err")"
-((SECONDS - start < 10)) || fail "10 MiB left, 4 MiB held back: refused only after $((SECONDS - start)) s"
+copy_refused_at_once "10 MiB left, 4 MiB held back" \
+  "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
+  VASWAP_SIM_HOLDBACK=4MiB -- --limit-mib 10
 echo "ok   10 MiB left, 4 MiB held back: the capture's copy given up at once, named"
 # 12 MiB left, the same 2 MiB held back: the rewrite does not fit, and the graph as captured is
 # instantiated while its copies' slots can get no pages (the capture's copy may also be refused
