@@ -515,7 +515,7 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
       *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) + " at once" +
              (others > 0 ? " (and its other slots " + byte_size(others) + ")" : "") +
              ", more than the device could give slots at all (" + byte_size(*room) +
-             ": its free memory and what slots hold, less residency.reserve if set)";
+             ": its free memory less 2 MiB and what slots hold, less residency.reserve if set)";
       return nullptr;
     }
   }

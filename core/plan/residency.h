@@ -180,9 +180,10 @@ struct Budget {
   bool device_bound = false;  // a size budget, lowered to the device's room
 };
 Budget budget(int device);
-// What `device` could give slots at most now, whatever residency.budget says: what it has free,
-// plus what slots hold there (spare handles included), less residency.reserve where the user set
-// one. Read from the device; empty when it cannot be read.
+// What `device` could give slots at most now, whatever residency.budget says: what it has free
+// (less the 2 MiB no allocation gets, kFreeNoAllocationGets), plus what slots hold there (spare
+// handles included), less residency.reserve where the user set one. Read from the device; empty
+// when it cannot be read.
 std::optional<uint64_t> device_room(int device);
 
 // What the rest of the program takes of `device`'s budget, for a graph about to be rewritten
