@@ -2731,7 +2731,7 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
           } else {
             *message += "device " + std::to_string(ordinal) + " can give slots " +
                         byte_size(room ? *room : budget.limit) +
-                        " in all (its free memory, what slots hold and kept handles), " +
+                        " in all (its free memory less 2 MiB, what slots hold and kept handles), " +
                         byte_size(d.committed) + " of it held or on its way" + evictable +
                         "; the rest of the device is the program's own memory. Free device " +
                         "memory before the capture, or capture with less of it in use";

@@ -167,14 +167,12 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses_by_position);
 void at_position(int position);
 
 // The budget of `device` now. `limit`: what slots may hold at once (auto: what the device has
-// free plus what slots hold, read from the device). `target`: what evictions bring them down to
-// once the limit is reached (auto: the limit less residency.reserve, headroom left to the
-// program's own allocations; a size: the limit). Slots grow into all the device has, so a job
-// that fits evicts nothing; under pressure they leave the reserve free.
-// What slots may hold on a device at once (limit), and what evictions bring them down to
-// (target: the limit less residency.reserve under the auto budget). A size budget is bounded by
-// what the device could give slots when last read (device_bound then): beyond it, restores would
-// wait for pages that never come.
+// free, less 2 MiB, plus what slots hold, read from the device). `target`: what evictions bring
+// them down to once the limit is reached (auto: the limit less residency.reserve, headroom left
+// to the program's own allocations; a size: the limit). Slots grow into all the device has, so a
+// job that fits evicts nothing; under pressure they leave the reserve free. A size budget is
+// bounded by what the device could give slots when last read (`device_bound` then): beyond it,
+// restores would wait for pages that never come.
 struct Budget {
   uint64_t limit = 0, target = 0;
   bool device_bound = false;  // a size budget, lowered to the device's room
