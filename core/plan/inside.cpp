@@ -438,15 +438,25 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   residency::Others rest;
   uint64_t budget = s.budget_bytes;  // what the slots may hold at once
   uint64_t room_with_reserve = 0;    // auto: `allowed` with residency.reserve given up
-  // Rewritten for the auto budget's pressure: the device has no pages beyond it.
-  const bool tight = s.mode == Mode::automatic && s.budget_bytes == 0;
+  // A size budget beyond what the device has for slots is bounded by that room (residency's
+  // device_bound): the device has no pages beyond it, as under the auto budget. Before, the
+  // graph's windows aimed at the size, and a whole-step graph on an H100-sized device left
+  // 100 MiB under a 256 MiB budget was instantiated as captured and its launch refused.
+  residency::Budget bound;
+  if (s.mode == Mode::automatic && s.budget_bytes != 0) {
+    bound = residency::budget(device);
+    if (bound.device_bound) budget = bound.target;
+  }
+  // Rewritten for the auto budget's pressure (or a size budget's the device bounds): the device
+  // has no pages beyond it.
+  const bool tight = s.mode == Mode::automatic && (s.budget_bytes == 0 || bound.device_bound);
   if (s.mode == Mode::automatic) {
     uint64_t total = others;
     for (const windows::Candidate& c : candidates) total += c.bytes;
     // Under the auto budget: what the device has for slots now. A graph whose slots do not fit
     // it could not be launched as captured (the launch would be refused for want of memory);
     // the windows aim at the budget's target, the reserve below it.
-    uint64_t limit = 0;  // auto: what the device has for slots, the reserve included
+    uint64_t limit = bound.limit;  // what the device has for slots, the reserve included
     if (budget == 0) {
       const residency::Budget auto_budget = residency::budget(device);
       budget = auto_budget.target;

@@ -34,7 +34,10 @@
 #      to it and the demo runs to the checksum under either handshake; where even one launch's
 #      slots exceed the room (70 MiB), the launch is refused at once, by name. Before, restores
 #      were decided into pages the device would not give and the process was ended after
-#      residency.wait_limit (exit 70).
+#      residency.wait_limit (exit 70). One graph per step with every buffer a slot under a
+#      256 MiB budget on a 100 MiB device: rewritten for the device's room, as under the auto
+#      budget, to the checksum; before, its windows aimed at the budget, it was instantiated as
+#      captured, and its launch refused.
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -394,6 +397,9 @@ assert s["peak_used"] <= 100 * MiB, s
 print("     %d evictions, device peak %d MiB" % (s["evictions"], s["peak_used"] >> 20))
 '
 done
+under 100MiB size_beyond_whole "$base,selection.captured_only=false,residency.budget=256MiB" \
+  --graph whole
+grep -q "rewritten with" "$tmp/err" || fail "size_beyond_whole: no graph was rewritten"
 start=$SECONDS
 set +e
 VASWAP_SIM_DEVICE_MEMORY=70MiB VASWAP_CONF="$base,residency.budget=64MiB" \
@@ -404,5 +410,5 @@ set -e
 grep -q "needs 4 MiB of slots on device 0 at once, more than what the device can give slots, 2 MiB (its free memory less 2 MiB, what slots hold and kept handles; residency.budget allows 64 MiB)" \
   "$tmp/err" || fail "size_beyond_short: the refusal is not named: $(cat "$tmp/err")"
 ((SECONDS - start < 10)) || fail "size_beyond_short: refused only after $((SECONDS - start)) s"
-echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes); refused at once, by name, where a launch cannot fit"
+echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes, one graph per step rewritten); refused at once, by name, where a launch cannot fit"
 echo "capacity: all checks passed"
