@@ -77,16 +77,19 @@ rm -f "$out"/*.tar.gz
 # half of what slots could have, and windows may take part of it: the checksum (before 2026-12-06
 # the reserve, 1/32 of the GPU, took all that --limit-mib left, and the launch was refused). On an
 # H100 56 and 48 MiB left the demo and vaswap's copy graphs and streams too little (refused by
-# name).
+# name). A 256 MiB budget at 100 MiB left, one graph per step and one per layer: the device's
+# room bounds the size budget (before 2026-12-07 the whole-step launch was refused, and the
+# per-layer run ended after residency.wait_limit, as on the simulator).
 {
   want=$("$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole 2>&1)
   echo "without vaswap: $want"
   for case in "100 identical residency.budget=12MiB" "100 identical residency.budget=28MiB" \
-    "24 refused residency.budget=16MiB" "100 identical"; do
-    read -r limit expect budget <<<"$case"
+    "24 refused residency.budget=16MiB" "100 identical" \
+    "100 identical residency.budget=256MiB" "100 identical residency.budget=256MiB layers"; do
+    read -r limit expect budget graph <<<"$case"
     start=$(date +%s.%N)
     got=$(VASWAP_CONF=selection.captured_only=false,selection.min_bytes=1MiB,residency.wait_limit=30s${budget:+,$budget} \
-      LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph whole \
+      LD_PRELOAD=$lib "$bin/train_layers_static_cuda" --quiet --steps 20 --graph "${graph:-whole}" \
       --limit-mib "$limit" 2>"$out/edge.err")
     rc=$?
     secs=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
@@ -100,7 +103,7 @@ rm -f "$out"/*.tar.gz
       verdict="other (rc $rc): $got $(grep -m2 error "$out/edge.err")"
     fi
     [[ $verdict == "$expect" ]] && mark=as-expected || mark=UNEXPECTED
-    echo "limit ${limit} MiB, ${budget:-auto budget}: ${secs} s, $verdict ($mark)"
+    echo "limit ${limit} MiB, ${budget:-auto budget}, graph ${graph:-whole}: ${secs} s, $verdict ($mark)"
     grep -m1 "instantiated as captured\|recorded into a capture" "$out/edge.err"
   done
   rm -f "$out/edge.err"
