@@ -46,6 +46,9 @@ constexpr int kEagerTries = 3;
 // Device handshake: at most this many eager copies and memsets kept as graphs (EagerShape).
 constexpr size_t kEagerGraphs = 1024;
 constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
+// The most free memory learned as unreachable (learn_unreachable): a program freeing memory while
+// a map fails can make the figure too high; it costs slots at most this much room.
+constexpr uint64_t kUnreachableMax = uint64_t{64} << 20;
 // A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
 // transient failure (another process briefly holding memory) costs milliseconds, not the job.
 constexpr int kRetries = 6;
@@ -366,8 +369,11 @@ struct Device {
   uint64_t physical = 0;        // pages mapped now
   uint64_t limit = 0;      // what the device could give slots, last read (free + what they hold)
   bool room_read = false;  // limit was read from the device (a size budget is bounded by it)
-  uint64_t reserve = 0;    // auto: the headroom evictions leave the program
-  uint64_t total = 0;      // the device's memory
+  // Free memory (cuMemGetInfo) that a map could not get, learned from failed maps beyond
+  // kFreeNoAllocationGets; left out of the room from then on (learn_unreachable).
+  uint64_t unreachable = 0;
+  uint64_t reserve = 0;  // auto: the headroom evictions leave the program
+  uint64_t total = 0;    // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
   // Restore copies in flight, each stream's in its order: the host path's on `restore`, the
@@ -468,6 +474,7 @@ class Residency {
   }
   std::optional<uint64_t> device_room(int ordinal);
   std::optional<uint64_t> slot_room(Device& d);
+  void learn_unreachable(Device& d, uint64_t pages);
   Others others(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
@@ -1330,7 +1337,46 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   }
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  return allocatable(free_bytes) + d.physical + kept;
+  const uint64_t usable = d.unreachable > kFreeNoAllocationGets
+                              ? free_bytes - std::min<uint64_t>(free_bytes, d.unreachable)
+                              : allocatable(free_bytes);
+  return usable + d.physical + kept;
+}
+
+// A map of `pages` failed out of memory. Where cuMemGetInfo still reports room for them beyond
+// kFreeNoAllocationGets, with no unmap in flight, the device keeps more back than that: the room
+// leaves that much out from then on (at most kUnreachableMax), so that later decisions evict for
+// it instead of mapping into it. Under the device handshake a restore parked on the device for
+// such pages waited residency.wait_limit and the process was ended (the simulator holding 8 MiB
+// back, 24 MiB left): nothing decided evictions, the budget counting the room as there.
+void Residency::learn_unreachable(Device& d, uint64_t pages) {
+  const Driver& driver = drv();
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    ContextScope scope(driver, d.context);
+    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return;
+  }
+  if (free_bytes < pages + kFreeNoAllocationGets) return;  // no more than the margin explains
+  const uint64_t seen = std::min(free_bytes - pages + kFreeNoAllocationGets, kUnreachableMax);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (d.unmaps_in_flight > 0 || seen <= d.unreachable) return;
+    first = d.unreachable == 0;
+    d.unreachable = seen;
+  }
+  const std::string message = "device " + std::to_string(d.ordinal) + " refused " +
+                              byte_size(pages) + " of pages with " + byte_size(free_bytes) +
+                              " reported free (cuMemGetInfo); vaswap leaves " + byte_size(seen) +
+                              " of its free memory out of the room for slots from now on";
+  if (first) {
+    log().warn("{}", message);
+  } else {
+    log().info("{}", message);
+  }
+  if (trace::enabled()) {
+    trace::Record(trace::Event::notice).add("device", d.ordinal).add("message", message).emit();
+  }
 }
 
 // The device's room for slots now (d.limit): the auto budget, less the reserve; the bound on a
@@ -3418,8 +3464,11 @@ void Residency::do_restore(Device& d, const Job& job) {
       } catch (const Error& error) {
         failure = error.what();
         failed_with = error.driver_result();
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (Entry* e = by_id_locked(job.slot)) --e->busy;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (Entry* e = by_id_locked(job.slot)) --e->busy;
+        }
+        if (failed_with == CUDA_ERROR_OUT_OF_MEMORY) learn_unreachable(d, slot->mapped_bytes);
       }
     }
     uint64_t limit = 0;

@@ -38,6 +38,12 @@
 #      256 MiB budget on a 100 MiB device: rewritten for the device's room, as under the auto
 #      budget, to the checksum; before, its windows aimed at the budget, it was instantiated as
 #      captured, and its launch refused.
+#   8. A device that keeps back more of its free memory than vaswap leaves out (8 MiB held back,
+#      VASWAP_SIM_HOLDBACK, where vaswap leaves out 2 MiB), 24 MiB left, every buffer a slot: a
+#      restore's map fails with room reported; vaswap learns the amount (said once) and leaves it
+#      out from then on, and the demo runs to the checksum under the device handshake. Before,
+#      the restore stream waited on the device for pages no eviction was decided to free, and the
+#      process was ended after residency.wait_limit (exit 70).
 # Usage: capacity_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -411,4 +417,13 @@ grep -q "needs 4 MiB of slots on device 0 at once, more than what the device can
   "$tmp/err" || fail "size_beyond_short: the refusal is not named: $(cat "$tmp/err")"
 ((SECONDS - start < 10)) || fail "size_beyond_short: refused only after $((SECONDS - start)) s"
 echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes, one graph per step rewritten); refused at once, by name, where a launch cannot fit"
+start=$SECONDS
+got=$(VASWAP_SIM_HOLDBACK=8MiB VASWAP_CONF="$base,selection.captured_only=false,residency.wait_limit=10s" \
+  run -- "$demo" --quiet --steps 20 --limit-mib 24 2>"$tmp/err") ||
+  fail "held_back: the demo failed: $(cat "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "held_back: checksum '$got', unconstrained '$want'"
+[[ $(grep -c "vaswap leaves .* of its free memory out of the room for slots from now on" "$tmp/err") == 1 ]] ||
+  fail "held_back: the learned amount is not said once: $(cat "$tmp/err")"
+((SECONDS - start < 10)) || fail "held_back: took $((SECONDS - start)) s"
+echo "ok   a device that keeps back more than vaswap leaves out: learned at the first failed map, said once, $got"
 echo "capacity: all checks passed"
