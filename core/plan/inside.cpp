@@ -525,25 +525,43 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
       *why = "with its windows its slots still hold " + byte_size(choice.peak_bytes) + " at once" +
              (others > 0 ? " (and its other slots " + byte_size(others) + ")" : "") +
              ", more than the device could give slots at all (" + byte_size(*room) +
-             ": its free memory less 2 MiB and what slots hold, less residency.reserve if set)";
+             ": its free memory less what no allocation gets, and what slots hold, less "
+             "residency.reserve if set)";
       return nullptr;
     }
   }
 
   // The stream that copies lent slots, made now, while the instantiation holds the quiet (no
   // stream parked): vaswap's streams are not made while streams are parked (docs/PLANNER.md,
-  // "Handshakes"). Without it the graph is instantiated as captured.
+  // "Handshakes"). A stream takes device memory: where the device has none left, slots no launch
+  // needs make room for it, and it is tried once more (100 MiB left, 2 MiB a stream: the windows
+  // took part of the reserve and slots held the rest, and the graph was instantiated as captured
+  // and its launch refused, in one CI run of several). Without it the graph is instantiated as
+  // captured.
+  bool make_stream = false;
   {
+    std::lock_guard<std::mutex> lock(mutex_);
+    make_stream = streams_[device] == nullptr;
+  }
+  if (make_stream) {
+    const Driver& driver = drv();
+    ContextScope scope(driver, engine().context(device));
+    CUstream made = nullptr;
+    CUresult rc = driver.cuStreamCreate(&made, CU_STREAM_NON_BLOCKING);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+      residency::make_room(device, kFreeNoAllocationGets);
+      rc = driver.cuStreamCreate(&made, CU_STREAM_NON_BLOCKING);
+    }
+    if (rc != CUDA_SUCCESS) {
+      *why = cuda_failure("cuStreamCreate", rc, "the stream that copies lent slots");
+      return nullptr;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     CUstream& stream = streams_[device];
     if (stream == nullptr) {
-      ContextScope scope(drv(), engine().context(device));
-      if (const CUresult rc = drv().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
-          rc != CUDA_SUCCESS) {
-        stream = nullptr;
-        *why = cuda_failure("cuStreamCreate", rc, "the stream that copies lent slots");
-        return nullptr;
-      }
+      stream = made;
+    } else {
+      driver.cuStreamDestroy(made);  // another instantiation made one meanwhile
     }
   }
 

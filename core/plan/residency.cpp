@@ -529,7 +529,8 @@ class Residency {
   std::string budget_named_locked(const Budget& budget) const {
     if (budget.device_bound) {
       return "what the device can give slots, " + byte_size(budget.limit) +
-             " (its free memory less 2 MiB, what slots hold and kept handles; residency.budget " +
+             " (its free memory less what no allocation gets, what slots hold and kept handles; "
+             "residency.budget " +
              "allows " + byte_size(settings_.budget_bytes) + ")";
     }
     return "the residency budget of " + byte_size(budget.limit) +
@@ -1369,11 +1370,11 @@ void Residency::learn_unreachable(Device& d, uint64_t pages) {
                               byte_size(pages) + " of pages with " + byte_size(free_bytes) +
                               " reported free (cuMemGetInfo); vaswap leaves " + byte_size(seen) +
                               " of its free memory out of the room for slots from now on";
-  if (first) {
-    log().warn("{}", message);
-  } else {
-    log().info("{}", message);
+  if (!first) {
+    log().info("{}", message);  // grown: the warning was given
+    return;
   }
+  log().warn("{}", message);
   if (trace::enabled()) {
     trace::Record(trace::Event::notice).add("device", d.ordinal).add("message", message).emit();
   }
@@ -2777,7 +2778,8 @@ CUresult Residency::back_for_capture(const std::vector<Slot*>& slots, std::vecto
           } else {
             *message += "device " + std::to_string(ordinal) + " can give slots " +
                         byte_size(room ? *room : budget.limit) +
-                        " in all (its free memory less 2 MiB, what slots hold and kept handles), " +
+                        " in all (its free memory less what no allocation gets, what slots hold "
+                        "and kept handles), " +
                         byte_size(d.committed) + " of it held or on its way" + evictable +
                         "; the rest of the device is the program's own memory. Free device " +
                         "memory before the capture, or capture with less of it in use";

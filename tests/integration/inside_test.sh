@@ -311,13 +311,14 @@ grep -q "cuMemCreate failed" "$tmp/err" &&
   fail "8 MiB left, 2 MiB held back: a map was tried into the memory held back: $(cat "$tmp/err")"
 echo "ok   8 MiB left, 2 MiB held back: the capture's copy refused at once for the device's room, named"
 # 10 MiB left, and the device keeps 4 MiB back: more than vaswap leaves out of its room, so the
-# room it counts covers the capture's copy and the map of its new slot still fails. With nothing
-# in flight that could give pages back, the mover gives that restore up and the copy is refused
-# at once, naming the failed call.
+# room it counts covers the capture's copy and the map of its new slot fails. Either the failed
+# map teaches the room the 4 MiB and the copy, deciding again, is refused for the device's room;
+# or, with nothing in flight that could give pages back, the mover gives that restore up first
+# and the copy is refused naming the failed call. Either way at once, named.
 copy_refused_at_once "10 MiB left, 4 MiB held back" \
-  "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY" \
+  "recorded into a capture names slot .*, whose pages the device could not give (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY\|$room_refusal" \
   VASWAP_SIM_HOLDBACK=4MiB -- --limit-mib 10
-echo "ok   10 MiB left, 4 MiB held back: the capture's copy given up at once, named"
+echo "ok   10 MiB left, 4 MiB held back: the capture's copy refused at once, named"
 # 12 MiB left, 4 MiB held back (more than vaswap leaves out of its room): the rewrite does not
 # fit, and the graph as captured is instantiated while its copies' slots can get no pages (the
 # capture's copy may also be refused first: one run in ten here). Either way the program is told it ran out of memory: before, the
@@ -516,8 +517,10 @@ freed=$(creates --free-first)
 echo "ok   free_first: buffers freed before their executable: $freed pages made, as with it first ($first)"
 
 # 6. Every stream creation failing in turn (the program's, vaswap's workers', the stream that
-# copies lent slots): each run gives the checksum or stops with the failed call named, never a
-# wrong result. The rewrite's own stream failing leaves the graph instantiated as captured, said.
+# copies lent slots; CUDA_ERROR_UNKNOWN): each run gives the checksum or stops with the failed
+# call named, never a wrong result. The rewrite's own stream failing leaves the graph
+# instantiated as captured, said. Failing out of memory instead, that stream is made again after
+# slots make room: the graph is rewritten and the run gives the checksum.
 set +e
 VASWAP_SIM_COUNT=cuStreamCreateWithPriority VASWAP_CONF="$base,inside.mode=on" \
   run -- "$demo" --quiet --steps 20 --graph whole >/dev/null 2>"$tmp/err"
@@ -529,7 +532,7 @@ creates=$(sed -n 's/.*cuStreamCreateWithPriority=\([0-9]*\).*/\1/p' "$tmp/err")
 captured=0
 for n in $(seq 1 "$creates"); do
   set +e
-  got=$(VASWAP_SIM_FAULTS=cuStreamCreateWithPriority:$n:2 VASWAP_CONF="$base,inside.mode=on" \
+  got=$(VASWAP_SIM_FAULTS=cuStreamCreateWithPriority:$n:999 VASWAP_CONF="$base,inside.mode=on" \
     run -- "$demo" --quiet --steps 20 --graph whole 2>"$tmp/err")
   rc=$?
   set -e
@@ -543,10 +546,18 @@ for n in $(seq 1 "$creates"); do
   fi
   if grep -q "instantiated as captured: cuStreamCreate failed" "$tmp/err"; then
     captured=$((captured + 1))
+    rewrite_stream=$n
   fi
 done
 [[ $captured == 1 ]] || fail "stream_fails: the rewrite's stream failing was said $captured times, not once"
-echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured"
+got=$(VASWAP_SIM_FAULTS=cuStreamCreateWithPriority:$rewrite_stream:2 \
+  VASWAP_CONF="$base,inside.mode=on,log.level=info" run -- "$demo" --quiet --steps 20 --graph whole \
+  2>"$tmp/err") || fail "stream_fails: the rewrite's stream out of memory: the run failed: $(cat "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "stream_fails: the rewrite's stream out of memory: checksum '$got'"
+grep -q "injected fault: cuStreamCreateWithPriority" "$tmp/err" && grep -q "rewritten with" "$tmp/err" &&
+  ! grep -q "instantiated as captured" "$tmp/err" ||
+  fail "stream_fails: the rewrite's stream out of memory was not made again: $(cat "$tmp/err")"
+echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured, or made again after room where out of memory"
 
 # 7. Another stream (side_stream_probe.cu): a long kernel on stream X reads a table that the graph
 # reads too and that a window of the graph takes off the device in the middle of each launch; the
