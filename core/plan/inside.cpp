@@ -440,8 +440,8 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   uint64_t room_with_reserve = 0;    // auto: `allowed` with residency.reserve given up
   // A size budget beyond what the device has for slots is bounded by that room (residency's
   // device_bound): the device has no pages beyond it, as under the auto budget. Before, the
-  // graph's windows aimed at the size, and a whole-step graph on an H100-sized device left
-  // 100 MiB under a 256 MiB budget was instantiated as captured and its launch refused.
+  // graph's windows aimed at the size, and on the simulator a whole-step graph under a 256 MiB
+  // budget on a device left 100 MiB was instantiated as captured and its launch refused.
   residency::Budget bound;
   if (s.mode == Mode::automatic && s.budget_bytes != 0) {
     bound = residency::budget(device);
