@@ -1411,7 +1411,7 @@ std::optional<uint64_t> Residency::refresh_budget(Device& d) {
 // older than kRoomEveryNs or the decision goes beyond it. Read at every launch (fa43d4b), the
 // per-layer PyTorch job measured +5.3% on one H100 (+2.3% in session 54); read at most every
 // 50 ms, +2.5% on another H100. The cause was not isolated (two machines, no A/B):
-// bench/results/overhead_session55_h100.md.
+// bench/results/overhead_torch_layers_session55_*_h100.md.
 bool Residency::room_stale_locked(const Device& d, uint64_t pages) const {
   if (settings_.budget_bytes == 0 || !d.room_read) return true;
   return trace::now_ns() - d.room_read_ns > kRoomEveryNs || d.committed + pages > d.limit;
