@@ -535,19 +535,16 @@ class Residency {
     if (budget.device_bound) {
       return "what the device can give slots, " + byte_size(budget.limit) +
              " (its free memory less what no allocation gets, what slots hold and kept handles; "
-             "residency.budget " +
-             "allows " + byte_size(settings_.budget_bytes) + ")";
+             "residency.budget allows " +
+             byte_size(settings_.budget_bytes) + ")";
     }
     return "the residency budget of " + byte_size(budget.limit) +
            (settings_.budget_bytes != 0 ? " (residency.budget)"
                                         : " (what the device has free with every slot evicted)");
   }
+  // A size budget the device bounds gets the auto budget's fix: raising it changes nothing.
   std::string budget_fix_locked(const Budget& budget) const {
-    if (budget.device_bound) {
-      return "free device memory, or let more of the program's buffers be slots "
-             "(selection.captured_only: false) so that they can be evicted";
-    }
-    return settings_.budget_bytes != 0
+    return settings_.budget_bytes != 0 && !budget.device_bound
                ? "raise residency.budget, or free device memory"
                : "free device memory, or let more of the program's buffers be slots "
                  "(selection.captured_only: false) so that they can be evicted";
@@ -1350,10 +1347,8 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   }
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t usable = d.unreachable > kFreeNoAllocationGets
-                              ? free_bytes - std::min<uint64_t>(free_bytes, d.unreachable)
-                              : allocatable(free_bytes);
-  return usable + d.physical + kept;
+  const uint64_t held_back = std::max(kFreeNoAllocationGets, d.unreachable);
+  return free_bytes - std::min<uint64_t>(free_bytes, held_back) + d.physical + kept;
 }
 
 // A map of `pages` failed out of memory. Where cuMemGetInfo still reports room for them beyond
