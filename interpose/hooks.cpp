@@ -452,7 +452,11 @@ struct Free<R (*)(P, Stream...)> {
     if (!handle()) return real(ptr, stream...);
     Scope scope;
     if (auto rc = intercept::free_slot(call, to_va(ptr))) return to_status<R>(*rc);
-    const R rc = real(ptr, stream...);
+    R rc{};
+    {
+      const intercept::ProgramFree giving_back;  // a map refused meanwhile learns nothing
+      rc = real(ptr, stream...);
+    }
     if (rc == R{}) intercept::freed(call, to_va(ptr), ordering_stream(stream...));
     return rc;
   }

@@ -648,6 +648,16 @@ void freed(const Call& call, CUdeviceptr va, CUstream stream) {
   }
 }
 
+ProgramFree::ProgramFree() {
+  if (tables().slots.load(std::memory_order_relaxed) == 0) return;
+  engine().giving_back(true);
+  held_ = true;
+}
+
+ProgramFree::~ProgramFree() {
+  if (held_) engine().giving_back(false);
+}
+
 void capture_beginning(const Call& call, CUstream stream) {
   // Counted whether or not slots exist yet: a slot made during the capture and freed before its
   // end must not be torn down meanwhile.
@@ -1172,14 +1182,8 @@ bool room_beside_graphs(const Call& call, size_t bytes) {
   if (device < 0) return true;
   const uint64_t owed = inside::unmapped_reserve(device);
   if (owed == 0) return true;
-  const auto free_now = [device] {
-    size_t free_bytes = 0, total_bytes = 0;
-    try {
-      engine().memory_info(device, &free_bytes, &total_bytes);
-    } catch (const Error&) {
-      free_bytes = SIZE_MAX;  // not known: the allocation goes ahead, as without graphs
-    }
-    return free_bytes == SIZE_MAX ? uint64_t{SIZE_MAX} : allocatable(free_bytes);
+  const auto free_now = [device] {  // not known: the allocation goes ahead, as without graphs
+    return engine().allocatable_now(device).value_or(uint64_t{SIZE_MAX});
   };
   uint64_t free_bytes = free_now();
   if (free_bytes >= bytes + owed) return true;

@@ -87,6 +87,19 @@ void allocated(const Call& call, CUdeviceptr va, size_t bytes, CUstream stream,
 std::optional<CUresult> free_slot(const Call& call, CUdeviceptr va);
 // A real free succeeded.
 void freed(const Call& call, CUdeviceptr va, CUstream stream);
+// Held by the hooks around the real free of memory that is not a slot: a map refused meanwhile
+// is not taken as the device keeping memory back (Engine::GivingBack). Nothing while the process
+// has no slots.
+class ProgramFree {
+ public:
+  ProgramFree();
+  ProgramFree(const ProgramFree&) = delete;
+  ProgramFree& operator=(const ProgramFree&) = delete;
+  ~ProgramFree();
+
+ private:
+  bool held_ = false;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Capture and graphs

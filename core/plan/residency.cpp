@@ -46,9 +46,6 @@ constexpr int kEagerTries = 3;
 // Device handshake: at most this many eager copies and memsets kept as graphs (EagerShape).
 constexpr size_t kEagerGraphs = 1024;
 constexpr uint64_t kAutoReserveMax = uint64_t{512} << 20;
-// The most free memory learned as unreachable (learn_unreachable): a program freeing memory while
-// a map fails can make the figure too high; it costs slots at most this much room.
-constexpr uint64_t kUnreachableMax = uint64_t{64} << 20;
 // Under a size budget the device's room (which only bounds it) is read again at most this often,
 // unless a decision goes beyond the last figure.
 constexpr uint64_t kRoomEveryNs = 50'000'000;
@@ -373,11 +370,8 @@ struct Device {
   uint64_t limit = 0;         // what the device could give slots, last read (free + what they hold)
   bool room_read = false;     // limit was read from the device (a size budget is bounded by it)
   uint64_t room_read_ns = 0;  // when (a size budget reads it again only now and then)
-  // Free memory (cuMemGetInfo) that a map could not get, learned from failed maps beyond
-  // kFreeNoAllocationGets; left out of the room from then on (learn_unreachable).
-  uint64_t unreachable = 0;
-  uint64_t reserve = 0;  // auto: the headroom evictions leave the program
-  uint64_t total = 0;    // the device's memory
+  uint64_t reserve = 0;       // auto: the headroom evictions leave the program
+  uint64_t total = 0;         // the device's memory
   std::deque<Job> jobs;
   std::deque<Unmap> unmaps;
   // Restore copies in flight, each stream's in its order: the host path's on `restore`, the
@@ -478,7 +472,7 @@ class Residency {
   }
   std::optional<uint64_t> device_room(int ordinal);
   std::optional<uint64_t> slot_room(Device& d);
-  void learn_unreachable(Device& d, uint64_t pages);
+  void learn_held_back(Device& d, uint64_t pages, uint64_t mark);
   bool room_stale_locked(const Device& d, uint64_t pages) const;
   Others others(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
@@ -873,7 +867,8 @@ void Residency::start_device(Device& d) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    d.limit = read ? allocatable(free_bytes) : 0;  // no slots yet: the device's room is its free
+    d.limit = read ? engine().allocatable(d.ordinal, free_bytes)
+                   : 0;  // no slots yet: the device's room is its free
     d.room_read = read;
     d.room_read_ns = trace::now_ns();
     d.reserve = reserve_locked(d);
@@ -1339,44 +1334,30 @@ void Residency::wait_for_locked(Entry& e, const StreamKey& stream, Actions* out)
 // what slots hold there (spare handles included: reusable by slots, not the program's). Empty
 // when it cannot be read.
 std::optional<uint64_t> Residency::slot_room(Device& d) {
-  const Driver& driver = drv();
-  size_t free_bytes = 0, total_bytes = 0;
-  {
-    ContextScope scope(driver, d.context);
-    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return std::nullopt;
-  }
+  const std::optional<uint64_t> free_bytes = engine().allocatable_now(d.ordinal);
+  if (!free_bytes) return std::nullopt;
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t held_back = std::max(kFreeNoAllocationGets, d.unreachable);
-  return free_bytes - std::min<uint64_t>(free_bytes, held_back) + d.physical + kept;
+  return *free_bytes + d.physical + kept;
 }
 
-// A map of `pages` failed out of memory. Where cuMemGetInfo still reports room for them beyond
-// kFreeNoAllocationGets, with no unmap in flight, the device keeps more back than that: the room
-// leaves that much out from then on (at most kUnreachableMax), so that later decisions evict for
-// it instead of mapping into it. Under the device handshake a restore parked on the device for
-// such pages waited residency.wait_limit and the process was ended (the simulator holding 8 MiB
-// back, 24 MiB left): nothing decided evictions, the budget counting the room as there.
-void Residency::learn_unreachable(Device& d, uint64_t pages) {
-  const Driver& driver = drv();
-  size_t free_bytes = 0, total_bytes = 0;
-  {
-    ContextScope scope(driver, d.context);
-    if (driver.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return;
-  }
-  if (free_bytes < pages + kFreeNoAllocationGets) return;  // no more than the margin explains
-  const uint64_t seen = std::min(free_bytes - pages + kFreeNoAllocationGets, kUnreachableMax);
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (d.unmaps_in_flight > 0 || seen <= d.unreachable) return;
-    first = d.unreachable == 0;
-    d.unreachable = seen;
-  }
+// A map of `pages` failed out of memory (`mark`: Engine::given_back_mark() before it). Where
+// cuMemGetInfo still reports room for them beyond the one granule, and nothing went back to the
+// driver since the mark, the device keeps more back than that: the engine leaves that much out of
+// the device's room from then on, for every user of it (Engine::learn_held_back), so that later
+// decisions evict for it instead of mapping into it. Under the device handshake a restore parked
+// on the device for such pages waited residency.wait_limit and the process was ended (the
+// simulator holding 8 MiB back, 24 MiB left): nothing decided evictions, the budget counting the
+// room as there.
+void Residency::learn_held_back(Device& d, uint64_t pages, uint64_t mark) {
+  const Engine::HeldBack learned = engine().learn_held_back(d.ordinal, pages, mark);
+  if (!learned.learned) return;
+  const uint64_t free_bytes = learned.free_bytes, seen = learned.bytes;
+  const bool first = learned.first;
   const std::string message = "device " + std::to_string(d.ordinal) + " refused " +
                               byte_size(pages) + " of pages with " + byte_size(free_bytes) +
                               " reported free (cuMemGetInfo); vaswap leaves " + byte_size(seen) +
-                              " of its free memory out of the room for slots from now on";
+                              " of its free memory out of the device's room from now on";
   if (!first) {
     log().info("{}", message);  // grown: the warning was given
     return;
@@ -2448,9 +2429,8 @@ void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<
     if (!added) it->second = std::min(it->second, slot->mapped_bytes);
   }
   for (const auto& [device, bytes] : smallest) {
-    size_t free_bytes = 0, total_bytes = 0;
-    engine().memory_info(device, &free_bytes, &total_bytes);
-    if (allocatable(free_bytes) < bytes) make_room(device, bytes);
+    const std::optional<uint64_t> room = engine().allocatable_now(device);
+    if (room && *room < bytes) make_room(device, bytes);  // not read: the map says what fails
   }
   std::lock_guard<std::mutex> submit(submit_);  // nothing new is decided meanwhile
   std::vector<Slot*> map;
@@ -3482,6 +3462,7 @@ void Residency::do_restore(Device& d, const Job& job) {
       // Map: pages are never visible before their data (DESIGN.md invariant 10): the copy
       // follows at once on the restore stream, and nothing waiting for the slot runs before it
       // lands.
+      const std::optional<uint64_t> mark = engine().given_back_mark();
       try {
         engine().back(slot, BatchTiming{job.slot, 0, trace::us_since(job.decided_ns)},
                       /*report=*/false);
@@ -3494,7 +3475,9 @@ void Residency::do_restore(Device& d, const Job& job) {
           std::lock_guard<std::mutex> lock(mutex_);
           if (Entry* e = by_id_locked(job.slot)) --e->busy;
         }
-        if (failed_with == CUDA_ERROR_OUT_OF_MEMORY) learn_unreachable(d, slot->mapped_bytes);
+        if (failed_with == CUDA_ERROR_OUT_OF_MEMORY && mark) {
+          learn_held_back(d, slot->mapped_bytes, *mark);
+        }
       }
     }
     uint64_t limit = 0;

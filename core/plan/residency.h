@@ -179,7 +179,7 @@ struct Budget {
 };
 Budget budget(int device);
 // What `device` could give slots at most now, whatever residency.budget says: what it has free
-// (less the 2 MiB no allocation gets, kFreeNoAllocationGets), plus what slots hold there (spare
+// (less what no allocation gets, Engine::allocatable), plus what slots hold there (spare
 // handles included), less residency.reserve where the user set one. Read from the device; empty
 // when it cannot be read.
 std::optional<uint64_t> device_room(int device);

@@ -120,6 +120,7 @@ CUmemGenericAllocationHandle Engine::map_pages(Device& d, CUdeviceptr va, size_t
 void Engine::unmap_pages(Device& d, CUdeviceptr va, size_t bytes,
                          CUmemGenericAllocationHandle handle, const std::string& subject,
                          PageTimes* times, uint64_t keep_limit) {
+  const GivingBack giving_back(*this);
   auto lock = driver_call_lock();
   uint64_t t = trace::now_ns();
   check(driver_.cuMemUnmap(va, bytes), "cuMemUnmap", subject);
@@ -168,7 +169,9 @@ uint64_t Engine::release_spares(Device& d, uint64_t keep) {
       d.spare.erase(last);
     }
   }
+  if (going.empty()) return 0;
   uint64_t released = 0;
+  const GivingBack giving_back(*this);
   for (const auto& [bytes, handle] : going) {
     try {
       check(driver_.cuMemRelease(handle), "cuMemRelease",
@@ -280,6 +283,66 @@ void Engine::memory_info(int ordinal, size_t* free_bytes, size_t* total_bytes) {
   ContextScope scope(driver_, d.context);
   check(driver_.cuMemGetInfo(free_bytes, total_bytes), "cuMemGetInfo",
         "device " + std::to_string(ordinal));
+}
+
+std::optional<uint64_t> Engine::free_memory(int ordinal) {
+  try {
+    Device& d = device(ordinal);
+    ContextScope scope(driver_, d.context);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (driver_.cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return std::nullopt;
+    return free_bytes;
+  } catch (const Error&) {
+    return std::nullopt;  // no such device, or no context
+  }
+}
+
+uint64_t Engine::allocatable(int ordinal, uint64_t free_bytes) {
+  const uint64_t held_back = device(ordinal).held_back.load(std::memory_order_relaxed);
+  return free_bytes > held_back ? free_bytes - held_back : 0;
+}
+
+std::optional<uint64_t> Engine::allocatable_now(int ordinal) {
+  const std::optional<uint64_t> free_bytes = free_memory(ordinal);
+  if (!free_bytes) return std::nullopt;
+  return allocatable(ordinal, *free_bytes);
+}
+
+void Engine::giving_back(bool begins) {
+  // Begun: counted alive before the mark moves. Ended: the mark moves before it stops counting,
+  // so a mark taken with none alive is never one that an end still in progress leaves unmoved.
+  if (begins) giving_back_.fetch_add(1);
+  given_back_.fetch_add(1);
+  if (!begins) giving_back_.fetch_sub(1);
+}
+
+std::optional<uint64_t> Engine::given_back_mark() const {
+  const uint64_t mark = given_back_.load();
+  if (giving_back_.load() != 0) return std::nullopt;
+  return mark;
+}
+
+Engine::HeldBack Engine::learn_held_back(int ordinal, uint64_t pages, uint64_t mark) {
+  HeldBack result;
+  const std::optional<uint64_t> free_bytes = free_memory(ordinal);
+  // Read before the mark is compared: memory that went back before the reading moved it.
+  if (!free_bytes || given_back_.load() != mark) return result;
+  result.free_bytes = *free_bytes;
+  std::atomic<uint64_t>& held_back = device(ordinal).held_back;
+  uint64_t before = held_back.load();
+  result.bytes = before;
+  if (*free_bytes < pages + kFreeNoAllocationGets) return result;  // the one granule explains it
+  const uint64_t seen = std::min(*free_bytes - pages + kFreeNoAllocationGets, kHeldBackMax);
+  while (seen > before && !held_back.compare_exchange_weak(before, seen)) {
+  }
+  if (seen <= before) {
+    result.bytes = before;
+    return result;
+  }
+  result.learned = true;
+  result.first = before == kFreeNoAllocationGets;
+  result.bytes = seen;
+  return result;
 }
 
 // =============================================================================================
@@ -617,6 +680,7 @@ void Engine::map_placeholder(Slot* slot) {
 
 void Engine::unmap_placeholder(Slot* slot) {
   Device& d = device(slot->device);
+  const GivingBack giving_back(*this);
   ContextScope scope(driver_, d.context);
   std::lock_guard<std::mutex> users(d.placeholder_mutex);
   auto lock = driver_call_lock();

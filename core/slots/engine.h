@@ -36,6 +36,16 @@ using SharedEvent = std::shared_ptr<CUevent_st>;
 // Devices
 // ---------------------------------------------------------------------------------------------
 
+// What allocations can have of cuMemGetInfo's free memory (Engine::allocatable). An H100 reported
+// about 2.2 MiB free that neither cuMemCreate nor cuMemAlloc got, at every fill from 256 to 8 MiB
+// left (bench/results/create_room_session54_h100.txt); counted as room, a capture's copy was
+// planned into pages the device would not give, found only by failed maps. One granule is held
+// back, or more once a device was seen to keep more back (Engine::learn_held_back), at most
+// kHeldBackMax: a program freeing memory while a map fails can make the figure too high, and it
+// costs every user of the room that much.
+constexpr uint64_t kFreeNoAllocationGets = uint64_t{2} << 20;
+constexpr uint64_t kHeldBackMax = uint64_t{64} << 20;
+
 struct Device {
   int ordinal = 0;
   CUdevice device = 0;
@@ -62,6 +72,9 @@ struct Device {
   std::mutex placeholder_mutex;
   CUmemGenericAllocationHandle placeholder = 0;
   size_t placeholder_users = 0;
+  // Free memory (cuMemGetInfo) that no allocation gets: kFreeNoAllocationGets, or what a failed
+  // map showed beyond it (Engine::learn_held_back). Never lowered.
+  std::atomic<uint64_t> held_back{kFreeNoAllocationGets};
 };
 
 // Makes a context current on this thread for a scope, and restores the previous one.
@@ -131,15 +144,6 @@ struct BatchTiming {
   double wait_us = 0;  // remap: waiting for the slot's release
   double lag_us = 0;   // from the callback (release) or the submission (remap) to the work
 };
-
-// What allocations can have of cuMemGetInfo's free memory. An H100 reported about 2.2 MiB free
-// that neither cuMemCreate nor cuMemAlloc got, at every fill from 256 to 8 MiB left
-// (bench/results/create_room_session54_h100.txt); counted as room, a capture's copy was planned
-// into pages the device would not give, found only by failed maps. One granule is held back.
-constexpr uint64_t kFreeNoAllocationGets = uint64_t{2} << 20;
-inline uint64_t allocatable(uint64_t free_bytes) {
-  return free_bytes > kFreeNoAllocationGets ? free_bytes - kFreeNoAllocationGets : 0;
-}
 
 inline uint64_t stream_id(CUstream stream) { return reinterpret_cast<uintptr_t>(stream); }
 
@@ -264,6 +268,43 @@ class Engine {
 
   // Diagnostics and policy
   void memory_info(int device, size_t* free_bytes, size_t* total_bytes);
+  // cuMemGetInfo's free memory of the device; empty where it cannot be read (nothing logged).
+  std::optional<uint64_t> free_memory(int device);
+  // What allocations can have of `free_bytes` on the device: less what it holds back (one granule,
+  // or what learn_held_back learned). Every user of the device's room reads it through this: the
+  // budget, a capture's copy, a placeholder, the program's allocations beside rewritten graphs.
+  uint64_t allocatable(int device, uint64_t free_bytes);
+  // allocatable() of the free memory now; empty where cuMemGetInfo fails.
+  std::optional<uint64_t> allocatable_now(int device);
+  // Memory going back to the driver: an unmap's release, kept handles', the placeholder's, and the
+  // program's frees (intercept's hooks hold one around the real call). A reading of free memory
+  // after a failed map says what the device keeps back only where nothing went back since before
+  // the map: given_back_mark() before it (empty while memory is going back), and learn_held_back
+  // compares. Before, a release that ended between the failed map and the reading made the
+  // simulator, which keeps nothing back, "learn" 4 MiB (the demo at 40 MiB, every buffer a slot).
+  void giving_back(bool begins);  // true as it begins, false once it has ended
+  class GivingBack {
+   public:
+    explicit GivingBack(Engine& engine) : engine_(engine) { engine_.giving_back(true); }
+    GivingBack(const GivingBack&) = delete;
+    GivingBack& operator=(const GivingBack&) = delete;
+    ~GivingBack() { engine_.giving_back(false); }
+
+   private:
+    Engine& engine_;
+  };
+  std::optional<uint64_t> given_back_mark() const;
+  // A map of `pages` on the device failed out of memory; `mark` was given_back_mark() before it.
+  // Where cuMemGetInfo still reports room for them beyond the one granule, and nothing went back
+  // since the mark, the device keeps that much back: allocatable() leaves it out from now on (at
+  // most kHeldBackMax; never lowered). What it learned, for the caller to say.
+  struct HeldBack {
+    bool learned = false;     // the figure grew
+    bool first = false;       // from the one granule: nothing was learned before
+    uint64_t bytes = 0;       // the figure now
+    uint64_t free_bytes = 0;  // cuMemGetInfo's free memory it read
+  };
+  HeldBack learn_held_back(int device, uint64_t pages, uint64_t mark);
   void init_workers(int device);
   // The device's primary context, retained by the engine for the life of the process.
   CUcontext context(int ordinal) { return device(ordinal).context; }
@@ -349,6 +390,8 @@ class Engine {
   void end_sync(Slot* slot, std::optional<CUmemGenericAllocationHandle> handle);
   std::unique_lock<std::mutex> driver_call_lock();
 
+  std::atomic<int> giving_back_{0};      // GivingBack objects alive
+  std::atomic<uint64_t> given_back_{0};  // GivingBack objects made and ended
   const Driver& driver_;
   std::mutex mutex_;
   // Per device, the other devices given access to all its slots (bit N: device N).
