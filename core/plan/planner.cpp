@@ -822,6 +822,8 @@ void configure(const Policy& policy,
   settings.wait_limit_ns = policy.wait_limit_ns;
   settings.d2h_gate = policy.d2h_gate;
   settings.host_limit_bytes = policy.host_pool_limit;
+  settings.captured_only = policy.captured_only;
+  settings.min_bytes = policy.min_bytes;
   residency::configure(settings);
   inside::Settings in;
   in.mode = policy.inside == Inside::off  ? inside::Mode::off

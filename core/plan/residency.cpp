@@ -537,11 +537,20 @@ class Residency {
                                         : " (what the device has free with every slot evicted)");
   }
   // A size budget the device bounds gets the auto budget's fix: raising it changes nothing.
+  // Where every buffer the selection's size allows is a slot already, smaller ones are what is
+  // left to evict.
   std::string budget_fix_locked(const Budget& budget) const {
-    return settings_.budget_bytes != 0 && !budget.device_bound
-               ? "raise residency.budget, or free device memory"
-               : "free device memory, or let more of the program's buffers be slots "
-                 "(selection.captured_only: false) so that they can be evicted";
+    if (settings_.budget_bytes != 0 && !budget.device_bound) {
+      return "raise residency.budget, or free device memory";
+    }
+    return settings_.captured_only
+               ? "free device memory, or let more of the program's buffers be slots "
+                 "(selection.captured_only: false) so that they can be evicted"
+               : "free device memory, or lower selection.min_bytes (now " +
+                     byte_size(settings_.min_bytes) +
+                     ") so that smaller buffers can be slots and be evicted; with every buffer a "
+                     "slot, the launch itself must need less at once (selection.captured_only is "
+                     "false already)";
   }
   // A size budget is bounded by what the device could give slots when last read (d.limit): a
   // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided

@@ -56,6 +56,10 @@ struct Settings {
   uint64_t wait_limit_ns = uint64_t{60} * 1000000000;
   uint64_t host_limit_bytes = 0;  // pinned host memory for evicted slots; 0: no limit
   bool d2h_gate = false;          // residency.d2h_gate (device handshake only)
+  // selection.captured_only and selection.min_bytes: a refusal for want of room suggests letting
+  // the program's other buffers be slots only where they are not already.
+  bool captured_only = true;
+  uint64_t min_bytes = 0;
 };
 
 // Called once, at start.

@@ -37,7 +37,8 @@
 #      residency.wait_limit (exit 70). One graph per step with every buffer a slot under a
 #      256 MiB budget on a 100 MiB device: rewritten for the device's room, as under the auto
 #      budget, to the checksum; before, its windows aimed at the budget, it was instantiated as
-#      captured, and its launch refused.
+#      captured, and its launch refused. A refusal's fix fits the selection: more slots where
+#      only captured buffers are, smaller ones or a smaller launch where every buffer is a slot.
 #   8. A device that keeps back more of its free memory than vaswap leaves out (8 MiB held back,
 #      VASWAP_SIM_HOLDBACK, where vaswap leaves out 2 MiB), 24 MiB left, every buffer a slot: a
 #      restore's map fails with room reported; vaswap learns the amount (said once) and leaves it
@@ -418,7 +419,20 @@ set -e
 grep -q "needs [0-9]* MiB of slots on device 0 at once, more than what the device can give slots, [0-9]* MiB (its free memory less what no allocation gets, what slots hold and kept handles; residency.budget allows 64 MiB)" \
   "$tmp/err" || fail "size_beyond_short: the refusal is not named: $(cat "$tmp/err")"
 ((SECONDS - start < 10)) || fail "size_beyond_short: refused only after $((SECONDS - start)) s"
-echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes, one graph per step rewritten); refused at once, by name, where a launch cannot fit"
+grep -q "To fix: free device memory, or let more of the program's buffers be slots (selection.captured_only: false)" \
+  "$tmp/err" || fail "size_beyond_short: the fix does not suggest more slots: $(cat "$tmp/err")"
+# With every buffer of 1 MiB or more a slot already (selection.captured_only=false), a launch
+# that needs more than the whole device at once: the fix names what is left (smaller buffers, or
+# a launch that needs less), not the setting that is already so.
+set +e
+VASWAP_SIM_DEVICE_MEMORY=16MiB VASWAP_CONF="$base,selection.captured_only=false" \
+  run -- "$demo" --quiet --steps 4 --elems 1048576 >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 && $rc != 70 ]] || fail "all_slots_short: exit status $rc, not the program's own failure"
+grep -q "needs 16 MiB of slots on device 0 at once, more than the residency budget of [0-9]* MiB (what the device has free with every slot evicted).*To fix: free device memory, or lower selection.min_bytes (now 1 MiB) so that smaller buffers can be slots and be evicted; with every buffer a slot, the launch itself must need less at once (selection.captured_only is false already)" \
+  "$tmp/err" || fail "all_slots_short: the refusal or its fix is not as expected: $(cat "$tmp/err")"
+echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes, one graph per step rewritten); refused at once, by name, where a launch cannot fit, with a fix that fits the selection"
 start=$SECONDS
 got=$(VASWAP_SIM_HOLDBACK=8MiB VASWAP_CONF="$base,selection.captured_only=false,residency.wait_limit=10s" \
   run -- "$demo" --quiet --steps 20 --limit-mib 24 2>"$tmp/err") ||
