@@ -876,8 +876,8 @@ void Residency::start_device(Device& d) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    d.limit = read ? engine().allocatable(d.ordinal, free_bytes)
-                   : 0;  // no slots yet: the device's room is its free
+    // No slots yet: the device's room is what allocations can have of its free memory.
+    d.limit = read ? engine().allocatable(d.ordinal, free_bytes) : 0;
     d.room_read = read;
     d.room_read_ns = trace::now_ns();
     d.reserve = reserve_locked(d);

@@ -41,8 +41,8 @@ using SharedEvent = std::shared_ptr<CUevent_st>;
 // left (bench/results/create_room_session54_h100.txt); counted as room, a capture's copy was
 // planned into pages the device would not give, found only by failed maps. One granule is held
 // back, or more once a device was seen to keep more back (Engine::learn_held_back), at most
-// kHeldBackMax: a program freeing memory while a map fails can make the figure too high, and it
-// costs every user of the room that much.
+// kHeldBackMax: memory freed where vaswap does not see it (another process) while a map fails can
+// make the figure too high, and it costs every user of the room that much.
 constexpr uint64_t kFreeNoAllocationGets = uint64_t{2} << 20;
 constexpr uint64_t kHeldBackMax = uint64_t{64} << 20;
 
