@@ -100,9 +100,12 @@ rm -f "$out"/*.tar.gz
         "$out/edge.err"; then
       verdict=refused  # the launch, or the capture's copy, within 10 s
     else
-      verdict="other (rc $rc): $got $(grep -m2 error "$out/edge.err")"
+      verdict="other (rc $rc): $got $(grep -m2 -i "error\|failed" "$out/edge.err")"
     fi
     [[ $verdict == "$expect" ]] && mark=as-expected || mark=UNEXPECTED
+    # Kept whole where it was not as expected (the H200's 24 MiB case on 2026-12-07 said nothing
+    # the old grep for "error" found).
+    [[ $mark == as-expected ]] || cp "$out/edge.err" "$out/edge_${limit}_${budget:-auto}_${graph:-whole}.err"
     echo "limit ${limit} MiB, ${budget:-auto budget}, graph ${graph:-whole}: ${secs} s, $verdict ($mark)"
     grep -m1 "instantiated as captured\|recorded into a capture" "$out/edge.err"
   done
