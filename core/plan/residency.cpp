@@ -804,12 +804,24 @@ Device* Residency::try_device(int ordinal, std::string* why) {
   }
   auto d = std::make_unique<Device>();
   d->ordinal = ordinal;
-  d->context = engine().context(ordinal);
-  if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
-    *why = cuda_failure("cuStreamCreate", rc,
-                        "vaswap's copy streams on device " + std::to_string(ordinal));
+  const auto unusable = [&](const std::string& reason) {
+    *why = reason;
     std::lock_guard<std::mutex> lock(mutex_);
-    unusable_[ordinal] = Unusable{*why, trace::now_ns()};
+    unusable_[ordinal] = Unusable{reason, trace::now_ns()};
+  };
+  // The engine's first look at the device may fail too (cuDeviceGet or the primary context after a
+  // sticky fault): the device gets no slots for now, as without streams. Thrown, it ended the
+  // process from the program's cudaMalloc (SIGABRT; the fault matrix, a device fault before the
+  // first slot).
+  try {
+    d->context = engine().context(ordinal);
+  } catch (const Error& error) {
+    unusable(error.what());
+    return nullptr;
+  }
+  if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
+    unusable(cuda_failure("cuStreamCreate", rc,
+                          "vaswap's copy streams on device " + std::to_string(ordinal)));
     return nullptr;
   }
   start_device(*d);

@@ -2,7 +2,8 @@
 # The preload's guards, over the runtime probe (tests/integration/probe.cpp):
 #   - an allocation made from libnccl is never a slot, even when it would be selected;
 #   - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is reported, in the log and the trace;
-#   - a device reset frees the device's slots first.
+#   - a device reset frees the device's slots first;
+#   - the engine's first look at a device failing (cuDeviceGet) gives it no slots for now.
 # (A malformed policy: tests/integration/policy_test.sh.)
 # The program's output is the same as without vaswap in each case.
 set -euo pipefail
@@ -41,4 +42,18 @@ PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True" \
   fail "expandable: not reported exactly once on stderr"
 grep -q '"ev":"notice".*expandable_segments:True' "$tmp/exp.jsonl" || fail "expandable: no notice in the trace"
 echo "ok   expandable_segments:True is reported once, in the log and the trace"
+
+# The engine's first look at the device fails (cuDeviceGet, as after a sticky device fault): the
+# device gets no slots for now, each allocation is passed through with the failure named, and the
+# demo gives its checksum. Before, the error was thrown out of the program's cudaMalloc and the
+# process ended (SIGABRT; the fault matrix's device fault before the first slot, under ASan).
+demo=$build/bin/train_layers
+want=$("$demo" --quiet --steps 4)
+got=$(VASWAP_CONF="selection.min_bytes=1MiB" VASWAP_SIM_FAULTS="cuDeviceGet:1:999" \
+  run -- "$demo" --quiet --steps 4 2>"$tmp/err") || fail "device_get: the demo failed: $(cat "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "device_get: checksum '$got', without vaswap '$want'"
+grep -q "injected fault: cuDeviceGet" "$tmp/err" || fail "device_get: the fault did not fire"
+grep -q "could not back an allocation with a slot .*cuDeviceGet failed with CUDA_ERROR_UNKNOWN for device 0: device 0 gets no slots" \
+  "$tmp/err" || fail "device_get: the failure is not named: $(cat "$tmp/err")"
+echo "ok   the engine's first look at the device failing: no slots for now, named, $got"
 
