@@ -443,7 +443,9 @@ TEST_F(ResidencyTest, WhatTheDeviceKeepsBackIsLearnedOnceForEveryRoom) {
   mark = engine().given_back_mark();
   ASSERT_TRUE(mark);
   ASSERT_CU(cuMemGetInfo(&free, &total));
-  ASSERT_CU(cuMemAlloc(&held, free - 3 * kPage));  // 3 reported free again: 1 page more is not
+  // 3 pages reported free again; a 2-page map refused shows 2 pages kept back, fewer than the 3
+  // learned: nothing changes.
+  ASSERT_CU(cuMemAlloc(&held, free - 3 * kPage));
   EXPECT_FALSE(engine().learn_held_back(0, 2 * kPage, *mark).learned);
   EXPECT_EQ(engine().allocatable(0, 10 * kPage), 7 * kPage);
   ASSERT_CU(cuMemFree(held));  // a free vaswap does not see (another process's): it learns
