@@ -204,10 +204,7 @@ class Chooser {
   // its own position; here it comes from the releases actually taken, which queue on the link: a
   // restore that counts on the D2Hs of releases issued just before it shows here, not there.
   // Three periods from a steady start (what wraps past the period's end is away at its start);
-  // the last one is measured, with the releases of the period after it: a restore issued near
-  // the period's end, for a use in the next, maps into the room they make. The device's own
-  // timeline is not delayed by a late restore. As a guide (guide_only()), the releases after
-  // the measured period are left out, and such restores map as if their room were there.
+  // the last one is measured. The device's own timeline is not delayed by a late restore.
   Replay replay(const std::vector<const Candidate*>& set) const {
     struct Release {
       double ready = 0, dur = 0;
@@ -231,7 +228,7 @@ class Chooser {
     uint64_t resident = total_pages_;
     for (size_t i = 0; i < set.size(); ++i) {
       const Candidate& c = *set[i];
-      for (int k = kFirst - 1; k <= (guide_ ? kLast : kLast + 1); ++k) {
+      for (int k = kFirst - 1; k <= kLast; ++k) {
         const double shift = k * length;
         Move m;
         m.window = i;
@@ -256,20 +253,15 @@ class Chooser {
     std::sort(releases.begin(), releases.end(), [](const Release& a, const Release& b) {
       return a.ready != b.ready ? a.ready < b.ready : a.pages < b.pages;
     });
-    struct Freed {
-      double when = 0, issued = 0;
-      uint64_t pages = 0;
-      bool operator<(const Freed& o) const { return when < o.when; }
-    };
-    std::vector<Freed> freed;  // in time order
+    std::vector<std::pair<double, uint64_t>> freed;  // (when, pages), in time order
     double link = -kNever;
     for (const Release& r : releases) {
       const double begin = std::max(r.ready, link);
       link = begin + r.dur;
       moves[r.index].released = link + half_remap;
-      freed.push_back({link + half_remap, r.ready, r.pages});
+      freed.emplace_back(link + half_remap, r.pages);
     }
-    std::stable_sort(freed.begin(), freed.end());
+    std::sort(freed.begin(), freed.end());
     std::vector<size_t> order(moves.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&moves](size_t a, size_t b) {
@@ -290,21 +282,14 @@ class Chooser {
       const Move& m = moves[index];
       double t = std::max(m.issued, mover);
       if (!m.away_at_start) t = std::max(t, m.released);
-      const auto freed_until = [&](double when) {
-        while (next_freed < freed.size() && freed[next_freed].when <= when) {
-          freed_sum += freed[next_freed++].pages;
-        }
-      };
-      freed_until(t);
-      // Room: wait for the next release to end while these pages would not fit; only for one
-      // issued before the use (a later one may itself wait for this use). None left to wait for:
-      // residency maps beyond the budget (budget_overshoots), so does the replay.
-      while (resident_now() + m.pages > budget) {
-        size_t next = next_freed;
-        while (next < freed.size() && freed[next].issued > m.need) ++next;
-        if (next == freed.size()) break;
-        t = std::max(t, freed[next].when);
-        freed_until(t);
+      while (next_freed < freed.size() && freed[next_freed].first <= t) {
+        freed_sum += freed[next_freed++].second;
+      }
+      // Room: wait for the next release to end while these pages would not fit. None left to
+      // wait for: residency maps beyond the budget (budget_overshoots), so does the replay.
+      while (resident_now() + m.pages > budget && next_freed < freed.size()) {
+        t = std::max(t, freed[next_freed].first);
+        freed_sum += freed[next_freed++].second;
       }
       mapped_sum += m.pages;
       mover = t;
@@ -318,9 +303,6 @@ class Chooser {
     }
     return out;
   }
-
-  // Windows are taken by the guide's replay (true) or the whole one (false, the default).
-  void guide_only(bool guide) { guide_ = guide; }
 
   void take(const Candidate& c) {
     book(c);
@@ -376,7 +358,6 @@ class Chooser {
   const Knobs& knobs_;
   uint64_t total_pages_;
   bool shortest_leads_;
-  bool guide_ = false;
   Link d2h_, h2d_;
   std::vector<Candidate> taken_;
 };
@@ -465,96 +446,14 @@ void prune(Selection& s) {
   }
 }
 
-// What one improvement of a set may spend: replays, all its passes together.
-constexpr size_t kImproveReplays = 6144;
-
-// Windows are taken one at a time, each judged by what it shows with those taken before it, so a
-// restore that waits for the room a release taken later makes is seen only once both are in: a
-// set taken so can show much more than another that meets the budget as well (on the H200's
-// per-layer job, 10-14 ms per period where the windows the run took show 4-6 ms in the same
-// replay; bench/results/schedule_exchange_session57.md). So the set is improved by exchange: a
-// taken window for another candidate (placed on the links without it), or one candidate more,
-// wherever the set then shows less and no position is left further over the budget. Each pass
-// makes the exchange that shows least; until none helps or kImproveReplays are spent.
-Selection improved(const Selection& start, const std::vector<Candidate>& sorted) {
-  // Selection is not assignable (the chooser holds references): each step makes a new one.
-  std::optional<Selection> current(start);
-  const int n = static_cast<int>(start.over.size());
-  const auto worst_of = [](const std::vector<int64_t>& over) {
-    return std::max<int64_t>(0, *std::max_element(over.begin(), over.end()));
-  };
-  size_t spent = 0;
-  for (;;) {
-    const Selection& s = *current;
-    const std::vector<Candidate>& taken = s.chooser.taken();
-    const int64_t worst = worst_of(s.over);
-    std::optional<Selection> best;
-    // `out`: the taken window exchanged (taken.size(): none, one more is taken).
-    for (size_t out = 0; out <= taken.size() && spent < kImproveReplays; ++out) {
-      Chooser trial_base = s.chooser;
-      std::vector<int64_t> over_base = s.over;
-      if (out < taken.size()) {
-        for (int q : away_positions(taken[out].window, n)) {
-          over_base[static_cast<size_t>(q)] += static_cast<int64_t>(taken[out].pages);
-        }
-        trial_base.drop(out);
-      }
-      for (const Candidate& first : sorted) {
-        if (spent >= kImproveReplays) break;
-        const bool in_set = std::any_of(trial_base.taken().begin(), trial_base.taken().end(),
-                                        [&first](const Candidate& c) {
-                                          return c.window.region == first.window.region &&
-                                                 c.window.last_use == first.window.last_use;
-                                        });
-        if (in_set) continue;
-        const int v = first.window.next_use <= first.window.last_use ? first.window.next_use + n
-                                                                     : first.window.next_use;
-        const Candidate c = trial_base.evaluate(first.window.region, first.window.last_use, v);
-        if (c.window.freed_us <= 0) continue;
-        std::vector<int64_t> over = over_base;
-        for (int q : away_positions(c.window, n)) {
-          over[static_cast<size_t>(q)] -= static_cast<int64_t>(c.pages);
-        }
-        if (worst_of(over) > worst) continue;
-        Selection trial{trial_base, std::move(over), {}, 0};
-        trial.chooser.take(c);
-        std::vector<const Candidate*> set;
-        for (const Candidate& t : trial.chooser.taken()) set.push_back(&t);
-        trial.replayed = trial.chooser.replay(set);
-        ++spent;
-        const double bar = best ? best->replayed.exposed_us : s.replayed.exposed_us;
-        if (trial.replayed.exposed_us < bar - kShowsNothingUs) {
-          for (const Candidate& t : trial.chooser.taken()) trial.moved_bytes += t.bytes;
-          best.emplace(std::move(trial));
-        }
-      }
-    }
-    if (!best) break;
-    current.emplace(std::move(*best));
-  }
-  prune(*current);
-  return std::move(*current);
-}
-
-// The set as the whole replay judges it, whatever guided its taking, pruned by that replay.
-Selection measured(Selection s) {
-  s.chooser.guide_only(false);
-  std::vector<const Candidate*> set;
-  for (const Candidate& c : s.chooser.taken()) set.push_back(&c);
-  s.replayed = s.chooser.replay(set);
-  prune(s);
-  return s;
-}
-
 Selection select(const Period& period, const Model& model, const Knobs& knobs, uint64_t total_pages,
-                 const std::vector<Candidate>& sorted, Way way, bool shortest_leads, bool guide) {
+                 const std::vector<Candidate>& sorted, Way way, bool shortest_leads) {
   const int n = static_cast<int>(period.start_us.size());
   Selection s{Chooser(period, model, knobs, total_pages, shortest_leads),
               std::vector<int64_t>(static_cast<size_t>(n),
                                    static_cast<int64_t>(total_pages - knobs.budget_pages)),
               {},
               0};
-  s.chooser.guide_only(guide);
   std::vector<const Candidate*> set;  // s.chooser.taken(), as the replay reads it
   // The candidate placed on the links as they are now; nullopt when it frees nothing or keeps
   // away no position still over the budget.
@@ -605,7 +504,8 @@ Selection select(const Period& period, const Model& model, const Knobs& knobs, u
       used[pick_index] = true;
       take(*pick, pick_replayed);
     }
-    return measured(std::move(s));
+    prune(s);
+    return s;
   }
   std::vector<size_t> deferred;
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -623,7 +523,8 @@ Selection select(const Period& period, const Model& model, const Knobs& knobs, u
     std::optional<Candidate> c = placed(sorted[i]);
     if (c) take(*c, shown_with(*c));
   }
-  return measured(std::move(s));
+  prune(s);
+  return s;
 }
 
 uint64_t pages_used(const Period& period) {
@@ -664,35 +565,6 @@ std::vector<size_t> restore_order(const std::vector<Window>& windows, int period
            region_bytes[static_cast<size_t>(wb.region)];
   });
   return order;
-}
-
-double shown_together(const Period& period, const Model& model, const Knobs& knobs,
-                      const std::vector<Window>& windows, std::vector<double>* each) {
-  const int n = static_cast<int>(period.start_us.size());
-  if (n == 0 || period.length_us <= 0 || model.h2d_gbps <= 0 || model.d2h_gbps <= 0) return 0;
-  std::vector<Candidate> set;
-  for (const Window& w : windows) {
-    Candidate c;
-    c.window = w;
-    c.bytes = period.region_bytes[static_cast<size_t>(w.region)];
-    c.pages =
-        period.region_pages.empty() ? c.bytes : period.region_pages[static_cast<size_t>(w.region)];
-    // Unrolled as evaluate() makes them: the release after the last use, the restore at or after
-    // the release, the use after both.
-    c.release_pos = w.release_at > w.last_use ? w.release_at : w.release_at + n;
-    c.restore_pos = w.restore_at;
-    while (c.restore_pos < c.release_pos) c.restore_pos += n;
-    c.use_pos = w.next_use > w.last_use ? w.next_use : w.next_use + n;
-    while (c.use_pos <= c.restore_pos) c.use_pos += n;
-    set.push_back(c);
-  }
-  std::vector<const Candidate*> pointers;
-  pointers.reserve(set.size());
-  for (const Candidate& c : set) pointers.push_back(&c);
-  const Chooser chooser(period, model, knobs, pages_used(period));
-  Replay replayed = chooser.replay(pointers);
-  if (each != nullptr) *each = std::move(replayed.each);
-  return replayed.exposed_us;
 }
 
 Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
@@ -747,20 +619,10 @@ Plan choose(const Period& period, const Model& model, const Knobs& knobs) {
   std::vector<Selection> tried;
   const auto try_ways = [&](bool shortest_leads) {
     const std::vector<Candidate> candidates = candidates_for(shortest_leads);
-    const size_t first_way = tried.size();
-    for (const bool guide : {false, true}) {
-      for (const Way way : {Way::in_order, Way::nothing_shown_first, Way::least_shown}) {
-        if (way == Way::least_shown && candidates.size() > kLeastShownCandidates) continue;
-        tried.push_back(
-            select(period, model, knobs, plan.total_pages, candidates, way, shortest_leads, guide));
-      }
-    }
-    size_t best = first_way;
-    for (size_t i = first_way + 1; i < tried.size(); ++i) {
-      if (tried[i].better_than(tried[best])) best = i;
-    }
-    if (tried[best].replayed.exposed_us > kShowsNothingUs) {
-      tried.push_back(improved(tried[best], candidates));
+    for (const Way way : {Way::in_order, Way::nothing_shown_first, Way::least_shown}) {
+      if (way == Way::least_shown && candidates.size() > kLeastShownCandidates) continue;
+      tried.push_back(
+          select(period, model, knobs, plan.total_pages, candidates, way, shortest_leads));
     }
   };
   const auto best_tried = [&tried] {

@@ -18,11 +18,8 @@
 // Otherwise windows are taken, those the link hides first and the most pages away for the
 // longest first among them, until at every position the pages of the slots not away fit the
 // budget. The windows taken are replayed together in time (a restore maps only once the releases
-// before it have made room within the budget, and its copy queues on the link; one for a use in
-// the next period, into the room that period's releases make). Three ways of taking them, each
-// guided by that replay or by one blind to the next period's releases, give sets the replay
-// judges; the best is improved by exchanging windows, and the plan's exposed time is the
-// replay's.
+// before it have made room within the budget, and its copy queues on the link), three ways of
+// taking them are compared by what the replay shows, and the plan's exposed time is the replay's.
 #pragma once
 
 #include <cstdint>
@@ -103,12 +100,6 @@ struct Plan {
 bool fits(const Period& period, const Knobs& knobs);
 
 Plan choose(const Period& period, const Model& model, const Knobs& knobs);
-
-// What `windows` (release and restore points as given) show together in one steady period, in
-// microseconds: the replay choose() judges its sets by. Per window, in their order, in `each`
-// when given. For a plan made by another schedule (plan_replay reads the run's), and for tests.
-double shown_together(const Period& period, const Model& model, const Knobs& knobs,
-                      const std::vector<Window>& windows, std::vector<double>* each = nullptr);
 
 // The order in which the restores a plan issues at one position go to residency, as choose()'s
 // replay assumes: the nearest next use first, then the smaller copy, then as given. Residency

@@ -335,44 +335,6 @@ TEST(Choose, ARestoreShowsWhenItsRoomComesFromALargerRelease) {
   EXPECT_NE(plan.reason.find("cannot hide"), std::string::npos) << plan.reason;
 }
 
-TEST(ShownTogether, ARestoreForTheNextPeriodWaitsForTheReleasesThere) {
-  // Eight 2 ms launches, two 64 MiB regions, a 64 MiB budget. Region 0 is used at 2 and 6; its
-  // window from 6 is released at 7 and restored at 0, for its use at 2 of the next period. Region
-  // 1 is used at 0 only: released at 1, restored at 6. Region 0's restore at 0 finds region 1
-  // resident and must wait for its release at 1: the D2H (1.68 ms with the margin), the unmap,
-  // its own map, its copy: it lands 1.66 ms into the use at 2. The measured period's restore at 0
-  // belongs to the next period; the replay once left that period's releases out, so the restore
-  // found nothing to wait for, mapped beyond the budget at once and showed nothing (the per-layer
-  // job on the H200: 0 us planned at the turnaround, where slot 28 landed 1.5 ms late).
-  const Period p = evenly(8, 2000, {{1}, {}, {0}, {}, {}, {}, {0}, {}}, {64 * kMiB, 64 * kMiB});
-  Knobs knobs = budget(64 * kMiB);
-  Window wrap;  // region 0, across the period's end
-  wrap.region = 0;
-  wrap.last_use = 6;
-  wrap.next_use = 2;
-  wrap.release_at = 7;
-  wrap.restore_at = 0;
-  Window once;  // region 1, used once a period
-  once.region = 1;
-  once.last_use = 0;
-  once.next_use = 0;
-  once.release_at = 1;
-  once.restore_at = 6;
-  std::vector<double> each;
-  const double shown = shown_together(p, link(50, 100), knobs, {wrap, once}, &each);
-  ASSERT_EQ(each.size(), 2u);
-  const double copy = 1.25 * (64.0 * kMiB) / 50e3;  // one way, with the margin
-  const double lands = 2000 + copy + 150 + 150 + copy;
-  EXPECT_NEAR(each[0], lands - 4000, 1.0);
-  // Region 1's restore at 6 waits in the same way for region 0's release at 7.
-  EXPECT_NEAR(each[1], (14000 + copy + 150 + 150 + copy) - 16000, 1.0);
-  EXPECT_NEAR(shown, each[0] + each[1], 1e-6);
-  // A release issued after the use it would make room for is not waited for (it may itself wait
-  // for that use): alone, region 1's window finds region 0 resident all period and nothing to
-  // wait for before its use; it maps beyond the budget, as residency does, and shows nothing.
-  EXPECT_DOUBLE_EQ(shown_together(p, link(50, 100), knobs, {once}), 0.0);
-}
-
 TEST(Choose, UnusedRegionsAreNeverOffloaded) {
   const Period p = evenly(4, 10000, {{0}, {}, {}, {}}, {8 * kMiB, 8 * kMiB});
   const Plan plan = choose(p, link(50, 100), budget(4 * kMiB));
