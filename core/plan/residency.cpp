@@ -1281,9 +1281,16 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   // evictions took the host path); then the host handshake stands in for this restore.
   // Nor while an eviction of it that took the host path is pending: its copy may never run (a
   // reclaim calls it off first), and the host copy an H2D enqueued now would read is then stale.
+  // A restore for a copy recorded into a capture takes the host path too: its capturing thread
+  // waits on the host for the map (back_for_capture), and with nothing enqueued on a device stream
+  // for it, a restore whose pages the device never gives can be given up (give_up_for_capture).
+  // Gone ahead, its wait on the restore stream held every later restore there until the flag came,
+  // so it could not be given up, and the process was ended after residency.wait_limit.
+  const bool for_capture = std::strcmp(cause, "capture") == 0;
   const bool host_copy_current = e.evictions_done == e.evictions_decided || e.eviction_ahead;
-  e.ahead = d.device_handshake && (!e.has_data || (e.h2d_exec != nullptr && host_copy_current));
-  if (d.device_handshake && !e.ahead) ++stats_.host_path_restores;
+  e.ahead = d.device_handshake && !for_capture &&
+            (!e.has_data || (e.h2d_exec != nullptr && host_copy_current));
+  if (d.device_handshake && !e.ahead && !for_capture) ++stats_.host_path_restores;
   Job job;
   job.kind = JobKind::restore;
   job.slot = e.id;
@@ -3358,8 +3365,8 @@ uint64_t Residency::d2h_running(Device& d) {
 // at once. On an H100 left 24 MiB, a 2 MiB cuMemCreate failed where cuMemGetInfo said there was
 // room, and the copy waited residency.wait_limit (bench/results/gpu_checks_session53_84fc099_
 // h100.md). Only a restore that nothing else waits for: none enqueued ahead on the restore stream
-// (device handshake), no stream waiting for it, no later restore of the slot, no pin but the
-// copy's.
+// (a capture's restores take the host path under the device handshake too: restore_locked), no
+// stream waiting for it, no later restore of the slot, no pin but the copy's.
 bool Residency::give_up_for_capture(Device& d, const Job& job, CUresult failed_with,
                                     const std::string& failure) {
   if (std::strcmp(job.cause, "capture") != 0 || job.ahead ||

@@ -124,6 +124,9 @@ class ResidencyTest : public SimTest {
         std::count_if(host.begin(), host.end(), [seed](uint32_t w) { return w != seed; });
     EXPECT_EQ(wrong, 0) << "slot " << slot->id << " lost " << wrong << " words of " << kWords;
   }
+  // A capture's copy whose slot the device never gives pages (the tests below, per handshake;
+  // `evicted`: the slot holds data, away in host memory, rather than never having had pages).
+  void refuses_a_captures_copy_whose_pages_never_come(bool evicted);
   // A trace for this test alone, open from now; read_reuse() closes it and reads it back.
   std::string open_trace(const char* name) {
     std::string path =
@@ -309,6 +312,86 @@ TEST_F(ResidencyTest, SlotsStayWithinTheBudgetAndKeepTheirData) {
   for (uint32_t i = 0; i < 6; ++i) expect_holds(slots[i], 100 + i);
   EXPECT_LE(residency::stats().peak_resident, 3 * kPage);
   EXPECT_GE(residency::stats().evictions, 3u);
+}
+
+// A copy recorded into a capture names a slot whose map keeps failing out of memory while the
+// device reports room (it keeps back all it reports free, more than vaswap leaves out), with
+// nothing in flight or queued that could give pages back: the mover gives the restore up after
+// its third failed map, the slot goes back where it was (without pages, or away with its data),
+// and the copy is refused at once with out-of-memory, naming the failed call, far inside
+// residency.wait_limit. Once the program frees memory, the same slot is backed (its data back)
+// and keeps what is written to it. Under the device handshake the restore went ahead (a wait on
+// the restore stream), could not be given up, and the process was ended after the limit.
+// (inside_test.sh reaches this path only in some runs; these are its deterministic tests.)
+void ResidencyTest::refuses_a_captures_copy_whose_pages_never_come(bool evicted) {
+  Slot* slot = make_slot();
+  if (evicted) {
+    fill(slot, 55);
+    ASSERT_CU(cuStreamSynchronize(stream_));
+    residency::evict({slot}, "plan");
+    wait_mapped({slot}, false);
+  }
+  engine().trim_spares(0, 0);  // no kept handle the map could take instead
+  size_t free = 0, total = 0;
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  const std::optional<uint64_t> room = engine().allocatable_now(0);
+  ASSERT_TRUE(room);
+  const uint64_t left_out = free - *room;  // what vaswap leaves out of the device's room already
+  CUdeviceptr held = 0;
+  ASSERT_CU(cuMemAlloc(&held, free - left_out - 8 * kPage));  // 8 pages of room for slots
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  vaswapSimSetHoldback(free);  // every page reported free, none that an allocation gets
+  const residency::Stats before = residency::stats();
+  std::string message;
+  residency::Acquired acquired;
+  const auto begun = std::chrono::steady_clock::now();
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY,
+            residency::back_for_capture({slot}, stream_, &acquired, &message));
+  EXPECT_LT(std::chrono::steady_clock::now() - begun, std::chrono::seconds(2))
+      << "the copy waited for pages that never came";
+  EXPECT_NE(message.find("names slot " + std::to_string(slot->id)), std::string::npos) << message;
+  EXPECT_NE(message.find("whose pages the device could not give (cuMemCreate failed with "
+                         "CUDA_ERROR_OUT_OF_MEMORY"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(acquired.slots.empty()) << "a refused copy holds no slot";
+  EXPECT_FALSE(mapped(slot));
+  EXPECT_EQ(residency::stats().first_maps, before.first_maps) << "no map took place";
+  EXPECT_EQ(residency::stats().restores, before.restores) << "no restore took place";
+  EXPECT_EQ(residency::stats().oom_launches, before.oom_launches + 1);
+  EXPECT_EQ(residency::stats().host_path_restores, before.host_path_restores)
+      << "a capture's restore is not one the device handshake had to leave to the host";
+  // The program frees memory (what the message asks for): the same slot is backed for the next
+  // copy, with its data, and holds what is written to it.
+  vaswapSimSetHoldback(0);
+  ASSERT_CU(cuMemFree(held));
+  message.clear();
+  ASSERT_EQ(CUDA_SUCCESS, residency::back_for_capture({slot}, stream_, &acquired, &message))
+      << message;
+  EXPECT_TRUE(mapped(slot));
+  residency::used(acquired);
+  if (evicted) expect_holds(slot, 55);
+  fill(slot, 77);
+  expect_holds(slot, 77);
+}
+
+// One slot per test: another resident slot would be evicted to give the restore its pages.
+TEST_F(ResidencyTest, ACapturesCopyWhosePagesNeverComeIsRefusedAtOnce) {
+  refuses_a_captures_copy_whose_pages_never_come(false);
+}
+
+TEST_F(ResidencyTest, ACapturesCopyOfAnEvictedSlotWhosePagesNeverComeIsRefusedAtOnce) {
+  refuses_a_captures_copy_whose_pages_never_come(true);
+}
+
+TEST_F(ResidencyTest, ACapturesCopyWhosePagesNeverComeIsRefusedAtOnceUnderTheDeviceHandshake) {
+  configure(4 * kPage, 0, residency::Handshake::device);
+  refuses_a_captures_copy_whose_pages_never_come(false);
+}
+
+TEST_F(ResidencyTest, ACapturesCopyOfAnEvictedSlotIsRefusedAtOnceUnderTheDeviceHandshake) {
+  configure(4 * kPage, 0, residency::Handshake::device);
+  refuses_a_captures_copy_whose_pages_never_come(true);
 }
 
 // Copies recorded into captures need their slots mapped while the capture runs; more of them than
