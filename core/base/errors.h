@@ -16,16 +16,23 @@ namespace vaswap {
 
 class Error : public std::exception {
  public:
-  Error(vaswap_status status, std::string message, CUresult driver_result = CUDA_SUCCESS)
-      : status_(status), driver_result_(driver_result), message_(std::move(message)) {}
+  Error(vaswap_status status, std::string message, CUresult driver_result = CUDA_SUCCESS,
+        const char* driver_call = nullptr)
+      : status_(status),
+        driver_result_(driver_result),
+        driver_call_(driver_call),
+        message_(std::move(message)) {}
   vaswap_status status() const { return status_; }
   // The failed driver call's code (fail_driver); CUDA_SUCCESS where no driver call failed.
   CUresult driver_result() const { return driver_result_; }
+  // The failed driver call's name where the thrower gave it (a string literal), else nullptr.
+  const char* driver_call() const { return driver_call_; }
   const char* what() const noexcept override { return message_.c_str(); }
 
  private:
   vaswap_status status_;
   CUresult driver_result_;
+  const char* driver_call_;
   std::string message_;
 };
 
@@ -35,8 +42,9 @@ class Error : public std::exception {
 
 // A driver call that failed: VASWAP_ERROR_CUDA, the message (cuda_failure names the call, the code
 // and the subject, and may go on with what to do), and the code, for callers that act on it.
-[[noreturn]] inline void fail_driver(CUresult result, std::string message) {
-  throw Error(VASWAP_ERROR_CUDA, std::move(message), result);
+[[noreturn]] inline void fail_driver(CUresult result, std::string message,
+                                     const char* call = nullptr) {
+  throw Error(VASWAP_ERROR_CUDA, std::move(message), result, call);
 }
 
 // "0x7f3a00000000"

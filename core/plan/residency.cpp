@@ -472,7 +472,7 @@ class Residency {
   }
   std::optional<uint64_t> device_room(int ordinal);
   std::optional<uint64_t> slot_room(Device& d);
-  void learn_held_back(Device& d, uint64_t pages, uint64_t mark);
+  void learn_held_back(Device& d, uint64_t pages, uint64_t mark, uint64_t free_before);
   bool room_stale_locked(const Device& d, uint64_t pages) const;
   Others others(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
@@ -1369,16 +1369,17 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   return *free_bytes + d.physical + kept;
 }
 
-// A map of `pages` failed out of memory (`mark`: Engine::given_back_mark() before it). Where
-// cuMemGetInfo still reports room for them beyond the one granule, and nothing went back to the
-// driver since the mark, the device keeps more back than that: the engine leaves that much out of
+// A map of `pages` failed out of memory in cuMemCreate (`mark`: Engine::given_back_mark() before
+// it, `free_before` the free memory read then). Where cuMemGetInfo reported room for them beyond
+// the one granule before and after, and nothing went back to the driver since the mark, the
+// device keeps more back than that: the engine leaves that much out of
 // the device's room from then on, for every user of it (Engine::learn_held_back), so that later
 // decisions evict for it instead of mapping into it. Under the device handshake a restore parked
 // on the device for such pages waited residency.wait_limit and the process was ended (the
 // simulator holding 8 MiB back, 24 MiB left): nothing decided evictions, the budget counting the
 // room as there.
-void Residency::learn_held_back(Device& d, uint64_t pages, uint64_t mark) {
-  const Engine::HeldBack learned = engine().learn_held_back(d.ordinal, pages, mark);
+void Residency::learn_held_back(Device& d, uint64_t pages, uint64_t mark, uint64_t free_before) {
+  const Engine::HeldBack learned = engine().learn_held_back(d.ordinal, pages, mark, free_before);
   if (!learned.learned) return;
   const uint64_t free_bytes = learned.free_bytes, seen = learned.bytes;
   const bool first = learned.first;
@@ -3491,6 +3492,8 @@ void Residency::do_restore(Device& d, const Job& job) {
       // follows at once on the restore stream, and nothing waiting for the slot runs before it
       // lands.
       const std::optional<uint64_t> mark = engine().given_back_mark();
+      const std::optional<uint64_t> free_before =
+          mark ? engine().free_memory(d.ordinal) : std::nullopt;
       try {
         engine().back(slot, BatchTiming{job.slot, 0, trace::us_since(job.decided_ns)},
                       /*report=*/false);
@@ -3503,8 +3506,13 @@ void Residency::do_restore(Device& d, const Job& job) {
           std::lock_guard<std::mutex> lock(mutex_);
           if (Entry* e = by_id_locked(job.slot)) --e->busy;
         }
-        if (failed_with == CUDA_ERROR_OUT_OF_MEMORY && mark) {
-          learn_held_back(d, slot->mapped_bytes, *mark);
+        // Only a refused cuMemCreate says the device kept pages back: a cuMemMap or
+        // cuMemSetAccess out of memory had its pages and gave them back.
+        const bool refused = failed_with == CUDA_ERROR_OUT_OF_MEMORY &&
+                             error.driver_call() != nullptr &&
+                             std::strcmp(error.driver_call(), "cuMemCreate") == 0;
+        if (refused && mark && free_before) {
+          learn_held_back(d, slot->mapped_bytes, *mark, *free_before);
         }
       }
     }

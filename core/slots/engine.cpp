@@ -37,7 +37,7 @@ std::string Slot::describe() const {
 void Engine::check(CUresult result, const char* call, const std::string& subject, bool report) {
   if (result == CUDA_SUCCESS) return;
   const std::string message = cuda_failure(call, result, subject);
-  if (!report) fail_driver(result, message);
+  if (!report) fail_driver(result, message, call);
   errors_.fetch_add(1);
   log().error("{}", message);
   if (trace::enabled()) {
@@ -47,7 +47,7 @@ void Engine::check(CUresult result, const char* call, const std::string& subject
         .add("message", message)
         .emit();
   }
-  fail_driver(result, message);
+  fail_driver(result, message, call);
 }
 
 std::unique_lock<std::mutex> Engine::driver_call_lock() {
@@ -322,17 +322,22 @@ std::optional<uint64_t> Engine::given_back_mark() const {
   return mark;
 }
 
-Engine::HeldBack Engine::learn_held_back(int ordinal, uint64_t pages, uint64_t mark) {
+Engine::HeldBack Engine::learn_held_back(int ordinal, uint64_t pages, uint64_t mark,
+                                         uint64_t free_before) {
   HeldBack result;
-  const std::optional<uint64_t> free_bytes = free_memory(ordinal);
+  const std::optional<uint64_t> read = free_memory(ordinal);
   // Read before the mark is compared: memory that went back before the reading moved it.
-  if (!free_bytes || given_back_.load() != mark) return result;
-  result.free_bytes = *free_bytes;
+  if (!read || given_back_.load() != mark) return result;
+  // The smaller of the readings around the map: memory that went back where the mark does not
+  // see it (a stream-ordered free's pool releasing at a synchronize, a pool trim, another
+  // process) raises only the later one.
+  const uint64_t free_bytes = std::min(*read, free_before);
+  result.free_bytes = free_bytes;
   std::atomic<uint64_t>& held_back = device(ordinal).held_back;
   uint64_t before = held_back.load();
   result.bytes = before;
-  if (*free_bytes < pages + kFreeNoAllocationGets) return result;  // the one granule explains it
-  const uint64_t seen = std::min(*free_bytes - pages + kFreeNoAllocationGets, kHeldBackMax);
+  if (free_bytes < pages + kFreeNoAllocationGets) return result;  // the one granule explains it
+  const uint64_t seen = std::min(free_bytes - pages + kFreeNoAllocationGets, kHeldBackMax);
   while (seen > before && !held_back.compare_exchange_weak(before, seen)) {
   }
   if (seen <= before) {

@@ -294,17 +294,18 @@ class Engine {
     Engine& engine_;
   };
   std::optional<uint64_t> given_back_mark() const;
-  // A map of `pages` on the device failed out of memory; `mark` was given_back_mark() before it.
-  // Where cuMemGetInfo still reports room for them beyond the one granule, and nothing went back
-  // since the mark, the device keeps that much back: allocatable() leaves it out from now on (at
-  // most kHeldBackMax; never lowered). What it learned, for the caller to say.
+  // A map of `pages` on the device failed out of memory in cuMemCreate; `mark` was
+  // given_back_mark() and `free_before` free_memory() before it. Where cuMemGetInfo reported room
+  // for them beyond the one granule both before and after, and nothing went back since the mark,
+  // the device keeps that much back (by the smaller reading): allocatable() leaves it out from now
+  // on (at most kHeldBackMax; never lowered). What it learned, for the caller to say.
   struct HeldBack {
     bool learned = false;     // the figure grew
     bool first = false;       // from the one granule: nothing was learned before
     uint64_t bytes = 0;       // the figure now
     uint64_t free_bytes = 0;  // cuMemGetInfo's free memory it read
   };
-  HeldBack learn_held_back(int device, uint64_t pages, uint64_t mark);
+  HeldBack learn_held_back(int device, uint64_t pages, uint64_t mark, uint64_t free_before);
   void init_workers(int device);
   // The device's primary context, retained by the engine for the life of the process.
   CUcontext context(int ordinal) { return device(ordinal).context; }

@@ -520,7 +520,7 @@ TEST_F(ResidencyTest, WhatTheDeviceKeepsBackIsLearnedOnceForEveryRoom) {
     EXPECT_FALSE(engine().given_back_mark()) << "no mark while memory is going back";
     ASSERT_CU(cuMemFree(held));
   }
-  EXPECT_FALSE(engine().learn_held_back(0, kPage, *mark).learned)
+  EXPECT_FALSE(engine().learn_held_back(0, kPage, *mark, free).learned)
       << "the program's free, not the device, explains the room";
   EXPECT_EQ(engine().allocatable(0, 10 * kPage), 7 * kPage);
   mark = engine().given_back_mark();
@@ -529,11 +529,20 @@ TEST_F(ResidencyTest, WhatTheDeviceKeepsBackIsLearnedOnceForEveryRoom) {
   // 3 pages reported free again; a 2-page map refused shows 2 pages kept back, fewer than the 3
   // learned: nothing changes.
   ASSERT_CU(cuMemAlloc(&held, free - 3 * kPage));
-  EXPECT_FALSE(engine().learn_held_back(0, 2 * kPage, *mark).learned);
-  EXPECT_EQ(engine().allocatable(0, 10 * kPage), 7 * kPage);
-  ASSERT_CU(cuMemFree(held));  // a free vaswap does not see (another process's): it learns
   ASSERT_CU(cuMemGetInfo(&free, &total));
-  const Engine::HeldBack grown = engine().learn_held_back(0, kPage, *mark);
+  EXPECT_FALSE(engine().learn_held_back(0, 2 * kPage, *mark, free).learned);
+  EXPECT_EQ(engine().allocatable(0, 10 * kPage), 7 * kPage);
+  // A free vaswap does not see (a stream-ordered free's pool releasing, another process) between
+  // the readings around a failed map: the smaller reading, from before it, teaches nothing. (It
+  // once made the figure all the device reported free, up to 64 MiB.)
+  const size_t before_free = free;
+  ASSERT_CU(cuMemFree(held));
+  ASSERT_CU(cuMemGetInfo(&free, &total));
+  EXPECT_FALSE(engine().learn_held_back(0, kPage, *mark, before_free).learned);
+  EXPECT_EQ(engine().allocatable(0, 10 * kPage), 7 * kPage);
+  // Room reported before and after a refused map: the device keeps all of it back, learned (at
+  // most 64 MiB).
+  const Engine::HeldBack grown = engine().learn_held_back(0, kPage, *mark, free);
   EXPECT_TRUE(grown.learned);
   EXPECT_FALSE(grown.first);
   EXPECT_EQ(grown.bytes, std::min<uint64_t>(free, kHeldBackMax));  // all it reported, at most
