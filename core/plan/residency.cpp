@@ -543,14 +543,21 @@ class Residency {
     if (settings_.budget_bytes != 0 && !budget.device_bound) {
       return "raise residency.budget, or free device memory";
     }
-    return settings_.captured_only
-               ? "free device memory, or let more of the program's buffers be slots "
-                 "(selection.captured_only: false) so that they can be evicted"
-               : "free device memory, or lower selection.min_bytes (now " +
-                     byte_size(settings_.min_bytes) +
-                     ") so that smaller buffers can be slots and be evicted; with every buffer a "
-                     "slot, the launch itself must need less at once (selection.captured_only is "
-                     "false already)";
+    if (settings_.captured_only) {
+      return "free device memory, or let more of the program's buffers be slots "
+             "(selection.captured_only: false) so that they can be evicted";
+    }
+    const std::string otherwise =
+        "the launch itself must need less at once (selection.captured_only is false already)";
+    if (settings_.min_bytes == 0) {
+      return "free device memory; every buffer the selection takes is a slot already, so " +
+             otherwise;
+    }
+    return "free device memory, or lower selection.min_bytes (now " +
+           byte_size(settings_.min_bytes) +
+           ") so that smaller buffers can be slots and be evicted; with every buffer the "
+           "selection takes a slot, " +
+           otherwise;
   }
   // A size budget is bounded by what the device could give slots when last read (d.limit): a
   // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided

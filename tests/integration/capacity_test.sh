@@ -430,7 +430,7 @@ VASWAP_SIM_DEVICE_MEMORY=16MiB VASWAP_CONF="$base,selection.captured_only=false"
 rc=$?
 set -e
 [[ $rc != 0 && $rc != 70 ]] || fail "all_slots_short: exit status $rc, not the program's own failure"
-grep -q "needs 16 MiB of slots on device 0 at once, more than the residency budget of [0-9]* MiB (what the device has free with every slot evicted).*To fix: free device memory, or lower selection.min_bytes (now 1 MiB) so that smaller buffers can be slots and be evicted; with every buffer a slot, the launch itself must need less at once (selection.captured_only is false already)" \
+grep -q "needs 16 MiB of slots on device 0 at once, more than the residency budget of [0-9]* MiB (what the device has free with every slot evicted).*To fix: free device memory, or lower selection.min_bytes (now 1 MiB) so that smaller buffers can be slots and be evicted; with every buffer the selection takes a slot, the launch itself must need less at once (selection.captured_only is false already)" \
   "$tmp/err" || fail "all_slots_short: the refusal or its fix is not as expected: $(cat "$tmp/err")"
 echo "ok   a size budget beyond the device: bounded by its room (the checksum, both handshakes, one graph per step rewritten); refused at once, by name, where a launch cannot fit, with a fix that fits the selection"
 start=$SECONDS
