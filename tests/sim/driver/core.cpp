@@ -24,19 +24,6 @@ std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_shut_down{false};
 thread_local Context* tls_context = nullptr;
 
-// Parses "16GiB", "512MiB", "1048576".
-size_t parse_bytes(const std::string& text, size_t fallback) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str()) return fallback;
-  const std::string unit(end);
-  if (unit.empty() || unit == "B") return v;
-  if (unit == "KiB") return v << 10;
-  if (unit == "MiB") return v << 20;
-  if (unit == "GiB") return v << 30;
-  return fallback;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fault injection
 // ---------------------------------------------------------------------------------------------
@@ -108,6 +95,18 @@ void arm_faults_from_env() {
 }
 
 }  // namespace
+
+size_t parse_bytes(const std::string& text, size_t fallback) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str()) return fallback;
+  const std::string unit(end);
+  if (unit.empty() || unit == "B") return v;
+  if (unit == "KiB") return v << 10;
+  if (unit == "MiB") return v << 20;
+  if (unit == "GiB") return v << 30;
+  return fallback;
+}
 
 bool initialized() { return g_initialized.load(std::memory_order_acquire); }
 bool shut_down() { return g_shut_down.load(std::memory_order_acquire); }

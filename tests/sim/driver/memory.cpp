@@ -54,6 +54,18 @@ std::mutex& memory_mutex() {
   static auto* m = new std::mutex;
   return *m;
 }
+// Pinned host memory: what cuMemHostAlloc holds now, and what it may hold in all (no limit unless
+// VASWAP_SIM_PINNED_LIMIT or vaswapSimSetPinnedLimit sets one). A host that cannot pin more (its
+// memory full of the program's own pinned buffers) refuses every later call, not one.
+size_t g_pinned_bytes = 0;  // under memory_mutex()
+std::atomic<unsigned long long>& pinned_limit() {
+  static auto* limit = new std::atomic<unsigned long long>([] {
+    const char* v = std::getenv("VASWAP_SIM_PINNED_LIMIT");
+    return v != nullptr ? static_cast<unsigned long long>(parse_bytes(v, ~size_t{0})) : ~0ULL;
+  }());
+  return *limit;
+}
+
 std::map<uintptr_t, Range>& ranges() {  // allocations and reservations by start address
   static auto* m = new std::map<uintptr_t, Range>;
   return *m;
@@ -105,6 +117,7 @@ CUresult free_range(uintptr_t p, Kind kind) {
     if (it == ranges().end() || it->second.kind != kind) return CUDA_ERROR_INVALID_VALUE;
     r = it->second;
     ranges().erase(it);
+    if (kind == Kind::kHost) g_pinned_bytes -= round_up(r.bytes, kPage);
   }
   munmap(reinterpret_cast<void*>(p), round_up(r.bytes, kPage));
   if (r.charged != 0) refund_physical(r.device, r.charged);
@@ -331,9 +344,18 @@ CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   int dev = 0;
   SIM_TRY(current_device(&dev));
   SIM_TRY(check_capture_safety());
-  void* p = map_anonymous(round_up(bytes, kPage), PROT_READ | PROT_WRITE);
-  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t pages = round_up(bytes, kPage);
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    if (g_pinned_bytes + pages > pinned_limit().load()) return CUDA_ERROR_OUT_OF_MEMORY;
+    g_pinned_bytes += pages;  // held for this call, so two at once cannot pass the limit
+  }
+  void* p = map_anonymous(pages, PROT_READ | PROT_WRITE);
   std::lock_guard<std::mutex> lock(memory_mutex());
+  if (p == nullptr) {
+    g_pinned_bytes -= pages;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   ranges()[reinterpret_cast<uintptr_t>(p)] = Range{Kind::kHost, bytes, dev, flags, 0};
   *pp = p;
   return CUDA_SUCCESS;
@@ -1245,4 +1267,11 @@ CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
 CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
   SIM_ENTER();
   return memset_sync(dst, v, 4, n);
+}
+
+extern "C" void vaswapSimSetPinnedLimit(unsigned long long bytes) { pinned_limit().store(bytes); }
+
+extern "C" unsigned long long vaswapSimPinnedBytes(void) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  return g_pinned_bytes;
 }

@@ -348,6 +348,8 @@ const Entry kEntries[] = {
     E("vaswapSimSetSingleQueue", 0, vaswapSimSetSingleQueue),
     E("vaswapSimSetMemopsSupported", 0, vaswapSimSetMemopsSupported),
     E("vaswapSimSetStreamBytes", 0, vaswapSimSetStreamBytes),
+    E("vaswapSimSetPinnedLimit", 0, vaswapSimSetPinnedLimit),
+    E("vaswapSimPinnedBytes", 0, vaswapSimPinnedBytes),
 };
 
 #undef E

@@ -31,6 +31,8 @@ constexpr size_t kGranularity = size_t{2} << 20;  // VMM granularity, as on an H
 constexpr size_t kPage = 4096;
 
 inline size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+// Parses "16GiB", "512MiB", "1048576" (the VASWAP_SIM_* sizes); `fallback` when it cannot.
+size_t parse_bytes(const std::string& text, size_t fallback);
 
 // ---------------------------------------------------------------------------------------------
 // Entry checks

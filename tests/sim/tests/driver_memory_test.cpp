@@ -143,6 +143,36 @@ TEST_F(VmmTest, HeldBackMemoryIsReportedFreeButNoAllocationGetsIt) {
   EXPECT_EQ(start, free_bytes());
 }
 
+// VASWAP_SIM_PINNED_LIMIT / vaswapSimSetPinnedLimit: a host that cannot pin more refuses every
+// cuMemHostAlloc past the limit (not one call), and what is freed can be pinned again.
+TEST_F(VmmTest, PinnedHostMemoryPastItsLimitIsRefusedUntilSomeIsFreed) {
+  struct Reset {
+    ~Reset() { vaswapSimSetPinnedLimit(~0ULL); }
+  } reset;
+  const unsigned long long before = vaswapSimPinnedBytes();
+  void* a = nullptr;
+  ASSERT_CU(cuMemHostAlloc(&a, 3 * kMiB, CU_MEMHOSTALLOC_PORTABLE));
+  EXPECT_EQ(before + 3 * kMiB, vaswapSimPinnedBytes());
+  vaswapSimSetPinnedLimit(before + 4 * kMiB);  // 1 MiB more may be pinned
+  void* b = nullptr;
+  void* c = nullptr;
+  ASSERT_CU(cuMemHostAlloc(&b, kMiB, 0));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemHostAlloc(&c, 4096, 0)) << "attempt " << attempt;
+  }
+  EXPECT_EQ(nullptr, c);
+  static_cast<char*>(a)[3 * kMiB - 1] = 7;  // what is held stays usable
+  ASSERT_CU(cuMemFreeHost(a));
+  ASSERT_CU(cuMemHostAlloc(&c, 3 * kMiB, 0));
+  EXPECT_CU_ERR(CUDA_ERROR_OUT_OF_MEMORY, cuMemHostAlloc(&a, 4096, 0));
+  vaswapSimSetPinnedLimit(~0ULL);
+  ASSERT_CU(cuMemHostAlloc(&a, 64 * kMiB, 0));
+  ASSERT_CU(cuMemFreeHost(a));
+  ASSERT_CU(cuMemFreeHost(b));
+  ASSERT_CU(cuMemFreeHost(c));
+  EXPECT_EQ(before, vaswapSimPinnedBytes());
+}
+
 TEST_F(VmmTest, DevicesReportTheirConfiguredCapacity) {
   size_t total0 = 0, total1 = 0;
   ASSERT_CU(cuDeviceTotalMem(&total0, 0));

@@ -86,6 +86,12 @@ void vaswapSimSetStreamBytes(unsigned long long bytes);
 /* Device memory that cuMemGetInfo reports free but no allocation (cuMemCreate, cuMemAlloc*,
  * arrays) can have, from now on (as VASWAP_SIM_HOLDBACK; 0, the default, holds nothing back). */
 void vaswapSimSetHoldback(unsigned long long bytes);
+/* Pinned host memory cuMemHostAlloc may hold in all, from now on (as VASWAP_SIM_PINNED_LIMIT;
+ * ~0, the default, sets no limit): past it every call is out of memory, as on a host whose memory
+ * the program's own pinned buffers fill. What is held already stays. */
+void vaswapSimSetPinnedLimit(unsigned long long bytes);
+/* Pinned host memory cuMemHostAlloc holds now (each allocation rounded up to 4 KiB). */
+unsigned long long vaswapSimPinnedBytes(void);
 
 #ifdef __cplusplus
 }
