@@ -41,7 +41,7 @@ namespace vaswap {
   X(cuGraphAddMemcpyNode, 10000) X(cuGraphAddBatchMemOpNode, 11070)                        \
   X(cuGraphCreate, 10000) X(cuGraphInstantiateWithFlags, 11040) X(cuGraphLaunch, 10000)           \
   X(cuGraphUpload, 11010) X(cuGraphExecDestroy, 10000) X(cuGraphAddMemsetNode, 10000)          \
-  X(cuGraphNodeSetEnabled, 11060)
+  X(cuGraphNodeSetEnabled, 11060) X(cuDevicePrimaryCtxRelease, 11000)
 // clang-format on
 
 struct Driver {

@@ -505,7 +505,20 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
       return false;
     }
   }
-  residency::adopt(slot, backed);
+  try {
+    residency::adopt(slot, backed);
+  } catch (const Error& e) {
+    // No flag for its handshake (pinned host memory ran out): the program's memory comes without
+    // a slot. Nothing has used the new slot, so nothing on the device waits for its pages.
+    warn_slot_failure(e.what());
+    try {
+      engine().destroy_slot(slot, /*device_idle_for_it=*/true);
+    } catch (const Error& again) {
+      warn_slot_failure(again.what());
+    }
+    *skipped = "flags";
+    return false;
+  }
   register_region({slot->va, bytes, device, RegionKind::slot, capture, slot});
   t.allocations.fetch_add(1, std::memory_order_relaxed);
   t.slots.fetch_add(1, std::memory_order_relaxed);

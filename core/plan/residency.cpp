@@ -633,7 +633,10 @@ class Residency {
   class GateHold;
   uint64_t d2h_running(Device& d);
   bool raise_gate(Device& d, uint64_t d2h_bytes);
+  // A flag from the device's free ones, pinning a chunk of them when none is left. Throws when
+  // the chunk cannot be pinned; the second form says why instead.
   Flag take_flag(Device& d);
+  bool take_flag(Device& d, Flag* flag, std::string* why);
   StreamKey key_of(CUstream stream);
   Marks& marks_of(const StreamKey& key);
   void close_mark(const StreamKey& key);
@@ -914,8 +917,9 @@ void Residency::start_device(Device& d) {
     fallback =
         "CUDA_DEVICE_MAX_CONNECTIONS=1 (the restore stream's wait for pages would hold every "
         "stream's later work behind it)";
+  } else if (Flag probe; !take_flag(d, &probe, &fallback)) {
+    fallback = "its flags could not be pinned (" + fallback + ")";
   } else {
-    const Flag probe = take_flag(d);
     CUresult rc = driver.cuStreamWriteValue32(d.restore, probe.device, 0, 0);
     // The probe's write must land before its flag serves a slot: a late write of 0 would undo a
     // restore's publication, and a stream would wait for it forever.
@@ -930,9 +934,12 @@ void Residency::start_device(Device& d) {
     } else {
       d.device_handshake = true;
       parks_.store(true, std::memory_order_release);
-      if (s.d2h_gate) {
-        d.gate = take_flag(d);
+      // Without pinned memory for its flag the device has no gate: the program's copies to the
+      // host then wait on the host for a parked stream, as with residency.d2h_gate off.
+      if (std::string why; s.d2h_gate && take_flag(d, &d.gate, &why)) {
         gates_.add(d.ordinal, d.gate.host);
+      } else if (s.d2h_gate) {
+        log().warn("device {}: no gate for the program's copies to the host: {}", d.ordinal, why);
       }
     }
     d.free_flags.push_back(probe);
@@ -987,6 +994,16 @@ CUresult Residency::make_handshake_streams(Device& d) {
   return rc;
 }
 
+bool Residency::take_flag(Device& d, Flag* flag, std::string* why) {
+  try {
+    *flag = take_flag(d);
+    return true;
+  } catch (const Error& error) {
+    *why = error.what();
+    return false;
+  }
+}
+
 Flag Residency::take_flag(Device& d) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1006,8 +1023,14 @@ Flag Residency::take_flag(Device& d) {
                                  CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
   });
   if (rc != CUDA_SUCCESS) {
-    die(cuda_failure("cuMemHostAlloc", rc,
-                     "vaswap's handshake flags on device " + std::to_string(d.ordinal)));
+    // Thrown, not fatal: it comes from the program's cudaMalloc (a slot's first flag), which then
+    // gets its memory without a slot, or from a device's start, which then takes the host
+    // handshake. Pinned memory can run out on a host the program's own pinned buffers fill.
+    fail_driver(rc,
+                cuda_failure("cuMemHostAlloc", rc,
+                             "vaswap's handshake flags on device " + std::to_string(d.ordinal)) +
+                    "; free pinned host memory",
+                "cuMemHostAlloc");
   }
   std::memset(host, 0, bytes);
   CUdeviceptr base = 0;

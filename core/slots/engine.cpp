@@ -250,9 +250,14 @@ Device& Engine::device(int ordinal) {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = ordinal;
-    check(driver_.cuMemGetAllocationGranularity(&d->granularity, &prop,
-                                                CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-          "cuMemGetAllocationGranularity", subject);
+    const CUresult rc = driver_.cuMemGetAllocationGranularity(&d->granularity, &prop,
+                                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc != CUDA_SUCCESS) {
+      // The device is looked at again later (a second after, residency's retry): the context
+      // retained for this look goes back, or each look would hold one more.
+      driver_.cuDevicePrimaryCtxRelease(d->device);
+      check(rc, "cuMemGetAllocationGranularity", subject);
+    }
     slot = std::move(d);
   }
   return *slot;

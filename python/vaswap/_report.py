@@ -526,7 +526,8 @@ def plan_lines(run):
 
 SKIPPED = {"nccl": "NCCL's own", "include": "no frame matched selection.include",
            "exclude": "a frame matched selection.exclude", "callsite": "the stack could not be walked",
-           "streams": "vaswap's copy streams could not be made on the device"}
+           "streams": "vaswap's copy streams could not be made on the device",
+           "flags": "no pinned host memory for the slot's handshake flag"}
 
 
 def selection_lines(run):

@@ -375,6 +375,83 @@ void ResidencyTest::refuses_a_captures_copy_whose_pages_never_come(bool evicted)
   expect_holds(slot, 77);
 }
 
+// The engine's first look at a device retains its primary context. Where the look fails after
+// that (the granularity query), the retain goes back: residency looks again a second later, and
+// each failed look held one more retain before.
+TEST(EngineDevice, AFailedFirstLookGivesTheContextBack) {
+  ASSERT_CU(cuInit(0));
+  unsigned flags = 0;
+  int active = -1;
+  ASSERT_CU(cuDevicePrimaryCtxGetState(1, &flags, &active));
+  if (active != 0) GTEST_SKIP() << "device 1's context is in use already in this process";
+  vaswapSimClearFaults();
+  ASSERT_EQ(0, vaswapSimInjectFault("cuMemGetAllocationGranularity", 1, CUDA_ERROR_UNKNOWN));
+  bool thrown = false;
+  size_t free_bytes = 0, total_bytes = 0;
+  try {
+    engine().memory_info(1, &free_bytes, &total_bytes);  // the engine's first look at device 1
+  } catch (const Error& e) {
+    thrown = true;
+    EXPECT_NE(std::string(e.what()).find("cuMemGetAllocationGranularity"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(thrown);
+  ASSERT_CU(cuDevicePrimaryCtxGetState(1, &flags, &active));
+  EXPECT_EQ(0, active) << "the failed look kept the context retained";
+  engine().memory_info(1, &free_bytes, &total_bytes);  // looked at again: no fault now
+  size_t device_total = 0;
+  ASSERT_CU(cuDeviceTotalMem(&device_total, 1));
+  EXPECT_EQ(device_total, total_bytes);
+  ASSERT_CU(cuDevicePrimaryCtxGetState(1, &flags, &active));
+  EXPECT_EQ(1, active);
+}
+
+// Every slot takes a handshake flag from pinned host memory, 1024 flags to a chunk. Where the host
+// can pin no more, a slot whose flag would need a new chunk is refused with the driver's error (the
+// preload then passes the program's allocation through) and residency keeps nothing of it; before,
+// the process was ended from the program's cudaMalloc. Once memory can be pinned again, slots are
+// adopted and hold their data.
+TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing) {
+  struct Reset {
+    ~Reset() { vaswapSimSetPinnedLimit(~0ULL); }
+  } reset;
+  Slot* first = make_slot();  // the device is started, with its flags
+  fill(first, 11);
+  vaswapSimSetPinnedLimit(vaswapSimPinnedBytes());
+  Slot* refused = nullptr;
+  std::string why;
+  const char* call = nullptr;
+  size_t adopted = 0;
+  // The flags pinned so far serve at most a few chunks' worth of slots before one is refused.
+  for (; adopted < 8 * 1024 && refused == nullptr; ++adopted) {
+    Slot* slot = engine().create_slot(0, kPage, /*intercepted=*/true, /*backed=*/false);
+    try {
+      residency::adopt(slot, false);
+      slots_.push_back(slot);
+    } catch (const Error& e) {
+      refused = slot;
+      why = e.what();
+      call = e.driver_call();
+    }
+  }
+  ASSERT_NE(refused, nullptr) << "no adoption needed a new chunk of flags in " << adopted;
+  EXPECT_NE(call, nullptr);
+  if (call != nullptr) {
+    EXPECT_STREQ(call, "cuMemHostAlloc");
+  }
+  EXPECT_NE(why.find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << why;
+  EXPECT_NE(why.find("handshake flags on device 0"), std::string::npos) << why;
+  EXPECT_FALSE(refused->managed) << "residency kept a slot it refused";
+  engine().destroy_slot(refused, /*device_idle_for_it=*/true);
+  // The slots adopted before it and the first one still work.
+  expect_holds(first, 11);
+  vaswapSimSetPinnedLimit(~0ULL);
+  Slot* later = make_slot();
+  fill(later, 22);
+  expect_holds(later, 22);
+  expect_holds(first, 11);
+}
+
 // One slot per test: another resident slot would be evicted to give the restore its pages.
 TEST_F(ResidencyTest, ACapturesCopyWhosePagesNeverComeIsRefusedAtOnce) {
   refuses_a_captures_copy_whose_pages_never_come(false);

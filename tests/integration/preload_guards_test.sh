@@ -3,7 +3,9 @@
 #   - an allocation made from libnccl is never a slot, even when it would be selected;
 #   - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is reported, in the log and the trace;
 #   - a device reset frees the device's slots first;
-#   - the engine's first look at a device failing (cuDeviceGet) gives it no slots for now.
+#   - the engine's first look at a device failing (cuDeviceGet) gives it no slots for now;
+#   - a host that can pin no memory for vaswap's handshake flags: the host handshake, and the
+#     allocations passed through, each named; none for an eviction: the launch refused, named.
 # (A malformed policy: tests/integration/policy_test.sh.)
 # The program's output is the same as without vaswap in each case.
 set -euo pipefail
@@ -43,11 +45,39 @@ PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True" \
 grep -q '"ev":"notice".*expandable_segments:True' "$tmp/exp.jsonl" || fail "expandable: no notice in the trace"
 echo "ok   expandable_segments:True is reported once, in the log and the trace"
 
+# A host that can pin no more memory (VASWAP_SIM_PINNED_LIMIT=0; the program's own pinned buffers
+# can fill a host): the device takes the host handshake, saying why once, and each allocation
+# whose slot needs a handshake flag is passed through, the failure named and the trace saying why.
+# Before, the process was ended from the program's cudaMalloc (exit 70).
+VASWAP_CONF="selection.min_bytes=4MiB" VASWAP_SIM_PINNED_LIMIT=0 run --trace "$tmp/pinned.jsonl" \
+  -- "$probe" >"$tmp/out" 2>"$tmp/err" || fail "pinned: the probe failed under vaswap"
+[[ "$(cat "$tmp/out")" == "$plain" ]] || fail "pinned: output differs under vaswap"
+grep -q "no slot behind B" "$tmp/err" || fail "pinned: B became a slot with no flag"
+[[ $(grep -c "the host handshake, because its flags could not be pinned (cuMemHostAlloc failed with CUDA_ERROR_OUT_OF_MEMORY" "$tmp/err") == 1 ]] ||
+  fail "pinned: the fallback is not said once"
+grep -q "could not back an allocation with a slot .*cuMemHostAlloc failed with CUDA_ERROR_OUT_OF_MEMORY for vaswap's handshake flags on device 0" \
+  "$tmp/err" || fail "pinned: the passed-through allocation's failure is not named"
+grep -q '"ev":"alloc".*"bytes":8388608,.*"selected":false,"skipped":"flags"' "$tmp/pinned.jsonl" ||
+  fail "pinned: the trace does not say the allocation was passed through for its flag"
+echo "ok   a host that can pin nothing: the host handshake, allocations passed through, each named"
+# Pinned memory for the flags, not for evictions (8 MiB: the demo's own 2 MiB, a few slots' copies)
+# on a device too small for the demo: the launch whose eviction finds no pinned memory is refused
+# out of memory, the call named with the fix, and the program ends by its own error check (1).
+demo=$build/bin/train_layers
+status=0
+VASWAP_SIM_PINNED_LIMIT=8MiB VASWAP_SIM_DEVICE_MEMORY=100MiB \
+  VASWAP_CONF="selection.min_bytes=1MiB,residency.wait_limit=5s" \
+  run -- "$demo" --quiet --steps 4 >"$tmp/out" 2>"$tmp/err" || status=$?
+[[ $status == 1 ]] || fail "pinned_evict: exit $status, not the demo's own error exit 1"
+grep -q "cannot evict to make room: cuMemHostAlloc failed with CUDA_ERROR_OUT_OF_MEMORY for a pinned host buffer of 2 MiB; free host memory or lower the offloaded bytes" \
+  "$tmp/err" || fail "pinned_evict: the refusal does not name the call and the fix"
+grep -q "failed at .*cudaErrorMemoryAllocation" "$tmp/err" || fail "pinned_evict: not out of memory"
+echo "ok   no pinned memory for an eviction: the launch refused out of memory, named"
+
 # The engine's first look at the device fails (cuDeviceGet, as after a sticky device fault): the
 # device gets no slots for now, each allocation is passed through with the failure named, and the
 # demo gives its checksum. Before, the error was thrown out of the program's cudaMalloc and the
 # process ended (SIGABRT; the fault matrix's device fault before the first slot, under ASan).
-demo=$build/bin/train_layers
 want=$("$demo" --quiet --steps 4)
 got=$(VASWAP_CONF="selection.min_bytes=1MiB" VASWAP_SIM_FAULTS="cuDeviceGet:1:999" \
   run -- "$demo" --quiet --steps 4 2>"$tmp/err") || fail "device_get: the demo failed: $(cat "$tmp/err")"
