@@ -51,6 +51,13 @@ LoadedDriver* load() {
   if (!resolve(get_proc_address, #name, version, &loaded->api.name, &loaded->error)) return loaded;
   VASWAP_DRIVER_FUNCTIONS(VASWAP_RESOLVE)
 #undef VASWAP_RESOLVE
+  void* check = nullptr;
+  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (get_proc_address("vaswapSimFaultCheck", &check, 0, CU_GET_PROC_ADDRESS_DEFAULT, &found) ==
+          CUDA_SUCCESS &&
+      check != nullptr) {
+    loaded->api.sim_fault_check = reinterpret_cast<int (*)(const char*)>(check);
+  }
   const CUresult rc = loaded->api.cuInit(0);
   if (rc != CUDA_SUCCESS) loaded->error = "cuInit failed: " + error_name(loaded->api, rc);
   return loaded;

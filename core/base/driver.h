@@ -48,6 +48,10 @@ struct Driver {
 #define VASWAP_DRIVER_MEMBER(name, version) decltype(&::name) name = nullptr;
   VASWAP_DRIVER_FUNCTIONS(VASWAP_DRIVER_MEMBER)
 #undef VASWAP_DRIVER_MEMBER
+  // Where the driver is the simulator (tests/sim), its vaswapSimFaultCheck: faults a test arms in
+  // vaswap's own steps that no driver call stands for (a thread vaswap cannot start). nullptr on
+  // a GPU's driver, which has no such entry point.
+  int (*sim_fault_check)(const char* step) = nullptr;
 };
 
 // The driver, loaded and initialized once. Returns nullptr when it cannot be, and then `error`

@@ -2,6 +2,12 @@
 
 #include <pthread.h>
 
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+#include "base/driver.h"
+
 namespace vaswap {
 namespace {
 thread_local bool own = false;
@@ -13,5 +19,14 @@ void become_own_thread(const std::string& name) {
 }
 
 bool on_own_thread() { return own; }
+
+std::thread start_thread(std::function<void()> body) {
+  const Driver* driver = load_driver(nullptr);
+  if (driver != nullptr && driver->sim_fault_check != nullptr &&
+      driver->sim_fault_check("vaswap_thread") != 0) {
+    throw std::system_error(EAGAIN, std::generic_category(), "a fault the simulator injected");
+  }
+  return std::thread(std::move(body));
+}
 
 }  // namespace vaswap

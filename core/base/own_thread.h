@@ -4,7 +4,9 @@
 // the mark is what counts, whatever the program names its own threads.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <thread>
 
 namespace vaswap {
 
@@ -12,5 +14,12 @@ namespace vaswap {
 void become_own_thread(const std::string& name);
 // Whether the calling thread marked itself with become_own_thread.
 bool on_own_thread();
+
+// Starts `body` on a new thread, as std::thread does, and throws std::system_error as it does
+// where the system makes none (EAGAIN: the process's or its user's thread limit, a cgroup's
+// pids.max, no memory for a stack). Every thread vaswap starts from the program's calls starts
+// here, so that its callers handle the failure instead of letting it end the program. On the
+// simulator a fault armed for "vaswap_thread" fails the start the same way (tests).
+std::thread start_thread(std::function<void()> body);
 
 }  // namespace vaswap

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -215,11 +216,15 @@ bool open_file(const std::string& file, bool overwrite, const char* overwrite_ke
   }
   auto sink = std::make_shared<FileSink>(fd, file);
   std::shared_ptr<spdlog::details::thread_pool> pool;
-  {
+  try {
     // The writer thread inherits a mask without the flush signals: a handler there could not
     // wait for the queue it drains.
     signals::BlockedScope blocked;
     pool = std::make_shared<spdlog::details::thread_pool>(16384, 1);
+  } catch (const std::exception& e) {  // std::system_error: the process can start no thread
+    if (error != nullptr)
+      *error = std::string("its writer thread could not be started: ") + e.what();
+    return false;
   }
   // Blocking overflow: a full queue slows the emitter rather than losing events.
   auto logger = std::make_shared<spdlog::async_logger>("vaswap-trace", sink, pool,

@@ -8,7 +8,10 @@
 #include <atomic>
 #include <cerrno>
 #include <initializer_list>
+#include <system_error>
 #include <thread>
+
+#include "base/own_thread.h"
 
 namespace vaswap::trace::signals {
 
@@ -197,8 +200,17 @@ void install(Finish finish) {
     sigset_t all, saved;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &saved);
-    s.flusher = std::thread(flusher_main, &s);
+    bool started = true;
+    try {
+      s.flusher = start_thread([&s] { flusher_main(&s); });
+    } catch (const std::system_error&) {
+      started = false;  // a thread limit: no handlers, as where the pipes cannot be made
+    }
     pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    if (!started) {
+      for (const int fd : {wake[0], wake[1], ack[0], ack[1]}) ::close(fd);
+      return;
+    }
   }
   s.alive.store(true);
   for (const int signo : kSignals) install_handler(signo);

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "base/errors.h"
+#include "base/own_thread.h"
 #include "base/trace.h"
 #include "slots/engine.h"
 
@@ -10,9 +11,9 @@ namespace vaswap {
 
 MemorySampler::MemorySampler(const Driver& driver, CUcontext context, int device,
                              uint64_t interval_ns)
-    : thread_([this, &driver, context, device, interval_ns] {
+    : thread_(start_thread([this, &driver, context, device, interval_ns] {
         run(driver, context, device, interval_ns);
-      }) {}
+      })) {}
 
 MemorySampler::~MemorySampler() {
   {

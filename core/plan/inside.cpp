@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -565,6 +566,21 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
     }
   }
 
+  // The executor's threads, also before the rewrite: without them nothing would answer the
+  // rewritten graph's waits. Where the system starts no thread (a thread limit) the graph is
+  // instantiated as captured; before, std::system_error left the program's first launch and
+  // ended the process.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      if (!thread_) thread_ = std::make_unique<std::thread>(start_thread([this] { run(); }));
+      if (!watchdog_) watchdog_ = std::make_unique<std::thread>(start_thread([this] { watch(); }));
+    } catch (const std::system_error& error) {
+      *why = std::string("vaswap's executor threads could not be started (") + error.what() + ")";
+      return nullptr;
+    }
+  }
+
   auto g = std::make_unique<Rewritten>();
   g->device = device;
   g->context = engine().context(device);
@@ -791,10 +807,6 @@ bool Inside::lend_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
   std::vector<Slot*> slots;
   for (const Lent& lent : g.slots) {
     if (!lent.gone) slots.push_back(lent.slot);
-  }
-  if (!thread_) {
-    thread_ = std::make_unique<std::thread>([this] { run(); });
-    watchdog_ = std::make_unique<std::thread>([this] { watch(); });
   }
   const CUstream stream = stream_locked(g);
   bool lent_now = false;

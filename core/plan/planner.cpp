@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -275,6 +276,24 @@ void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*
 
 void Planner::start_planning(int period) {
   std::shared_ptr<Learned> learned = learner_.take(period, policy_.learning_steps);
+  if (!planning_worker_) {
+    // Plans are made on a thread of their own. Where the system starts none (a thread limit),
+    // there is no plan: as where no pattern is found; before, std::system_error left the
+    // program's graph launch and ended the process.
+    try {
+      const Driver& driver = *load_driver(nullptr);
+      CUcontext context = engine().context(learned->device);
+      planning_worker_ = std::make_unique<Worker>(driver, context, "vaswap-plan");
+    } catch (const std::system_error& error) {
+      log().warn(
+          "the planner's thread could not be started ({}); vaswap keeps slots within the "
+          "budget by least recent use, without a schedule (launches stay correct)",
+          error.what());
+      learner_.clear();
+      set_phase(Phase::off);
+      return;
+    }
+  }
   const uint64_t generation = generation_;
   std::vector<CUgraphExec> keys;
   for (size_t i = 0; i < static_cast<size_t>(period); ++i) keys.push_back(learned->window[i].exec);
@@ -306,11 +325,6 @@ void Planner::start_planning(int period) {
           .emit();
     }
     return;
-  }
-  if (!planning_worker_) {
-    const Driver& driver = *load_driver(nullptr);
-    CUcontext context = engine().context(learned->device);
-    planning_worker_ = std::make_unique<Worker>(driver, context, "vaswap-plan");
   }
   planning_worker_->post([this, learned, generation] { plan(*learned, generation); });
 }
@@ -574,8 +588,14 @@ void Planner::start_sampler(const Driver& driver) {
       driver.cuCtxGetDevice(&device) != CUDA_SUCCESS) {
     return;
   }
-  sampler_ = std::make_unique<MemorySampler>(driver, context, static_cast<int>(device),
-                                             policy_.memory_interval_ns);
+  try {
+    sampler_ = std::make_unique<MemorySampler>(driver, context, static_cast<int>(device),
+                                               policy_.memory_interval_ns);
+  } catch (const std::system_error& error) {
+    log().warn("the memory sampler's thread could not be started ({}): no memory samples",
+               error.what());
+    return;
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     std::atexit([] {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -706,6 +707,9 @@ class Residency {
   // longer than residency.wait_limit, whatever holds the restore back (a copy queued behind the
   // parked stream, a worker stuck in a driver call) and whatever the application's thread does
   // meanwhile (it may be blocked in the driver, synchronizing that stream).
+  // The watchdog, started with the first device that takes the device handshake: it ends the
+  // process with a named error when a stream waits on the device past residency.wait_limit.
+  bool start_watchdog(std::string* why);
   void run_watchdog();
 
   // Gives back, at the end of a scope, a busy count taken on slot `id` under mutex_ (0: none).
@@ -735,6 +739,8 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
+  // Devices whose start failed after some of their threads began: those threads wait on them.
+  std::vector<std::unique_ptr<Device>> retired_;
   // Devices whose copy streams could not be made: why, and when (trace::now_ns). Tried again
   // once kRetryStreamsNs has passed: the program may have freed memory since.
   struct Unusable {
@@ -751,7 +757,7 @@ class Residency {
   // (they take the host path), so that the parks drain even while other threads keep launching.
   int settling_ = 0;
   D2hGates gates_;         // residency.d2h_gate (raise_gate)
-  bool watching_ = false;  // the watchdog runs (started with the first wait on a flag)
+  bool watching_ = false;  // the watchdog runs (start_watchdog)
   std::unordered_map<const Slot*, std::vector<int>> schedule_;  // positions of each slot's uses
   int period_ = 0, position_ = 0;
   uint64_t tick_ = 0;
@@ -829,24 +835,40 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     unusable(error.what());
     return nullptr;
   }
+  // Its threads first: each waits for work that only a published device gets. One the system
+  // will not start (a thread limit) leaves the device without slots for now, as streams that
+  // cannot be made do; before, std::system_error left the program's cudaMalloc and ended the
+  // process. Threads started before the failure wait on a device kept for them (retired_).
+  Device* device = d.get();
+  std::vector<std::thread> started;
+  try {
+    started.push_back(start_thread([this, device] { run_mover(*device); }));
+    started.push_back(start_thread([this, device] { run_unmapper(*device); }));
+    started.push_back(
+        start_thread([this, device] { run_completions(*device, device->copies, "vaswap-cpl"); }));
+    started.push_back(start_thread(
+        [this, device] { run_completions(*device, device->ahead_copies, "vaswap-cpa"); }));
+  } catch (const std::system_error& error) {
+    for (std::thread& thread : started) thread.detach();
+    unusable("vaswap's threads for device " + std::to_string(ordinal) + " could not be started (" +
+             error.what() + ")");
+    std::lock_guard<std::mutex> lock(mutex_);
+    retired_.push_back(std::move(d));
+    return nullptr;
+  }
+  for (std::thread& thread : started) thread.detach();
   if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
     unusable(cuda_failure("cuStreamCreate", rc,
                           "vaswap's copy streams on device " + std::to_string(ordinal)));
+    std::lock_guard<std::mutex> lock(mutex_);
+    retired_.push_back(std::move(d));
     return nullptr;
   }
   start_device(*d);
   std::lock_guard<std::mutex> lock(mutex_);
   unusable_.erase(ordinal);
-  auto& slot = devices_[ordinal];
-  slot = std::move(d);
+  devices_[ordinal] = std::move(d);
   if (ordinal >= 0 && ordinal < 64) started_.fetch_or(uint64_t{1} << ordinal);
-  Device* device = slot.get();
-  std::thread([this, device] { run_mover(*device); }).detach();
-  std::thread([this, device] { run_unmapper(*device); }).detach();
-  std::thread([this, device] { run_completions(*device, device->copies, "vaswap-cpl"); }).detach();
-  std::thread([this, device] {
-    run_completions(*device, device->ahead_copies, "vaswap-cpa");
-  }).detach();
   return device;
 }
 
@@ -927,6 +949,9 @@ void Residency::start_device(Device& d) {
     if (rc != CUDA_SUCCESS) {
       fallback = "stream memory operations are not available (cuStreamWriteValue32 gave " +
                  cuda_error_name(rc) + ")";
+    } else if (std::string failed; !start_watchdog(&failed)) {
+      // Nothing would bound a wait on the device that never ends.
+      fallback = "vaswap's watchdog thread could not be started (" + failed + ")";
     } else if (const CUresult made = make_handshake_streams(d); made != CUDA_SUCCESS) {
       // A device the program has all but filled: the host handshake needs none of these streams.
       fallback = "vaswap's own streams for it could not be made (cuStreamCreate gave " +
@@ -1608,10 +1633,6 @@ void Residency::carry_out(Actions& a, bool waits, CUstream stream) {
               wait.since = trace::now_ns();
               parked_[StreamKey{d.ahead_in, 0}].push_back(wait);
               e->ahead_ready = job.ready;
-              if (!watching_) {
-                watching_ = true;
-                std::thread([this] { run_watchdog(); }).detach();
-              }
             }
           }
           if (!host_path) restore_ahead(d, job);
@@ -3007,6 +3028,19 @@ Stats Residency::stats() {
 // =============================================================================================
 // Workers
 // =============================================================================================
+
+bool Residency::start_watchdog(std::string* why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (watching_) return true;
+  try {
+    start_thread([this] { run_watchdog(); }).detach();
+  } catch (const std::system_error& error) {
+    *why = error.what();
+    return false;
+  }
+  watching_ = true;
+  return true;
+}
 
 void Residency::run_watchdog() {
   become_own_thread("vaswap-watch");

@@ -7,7 +7,7 @@
 namespace vaswap {
 
 Worker::Worker(const Driver& driver, CUcontext context, const std::string& name)
-    : thread_([this, &driver, context, name] { run(driver, context, name); }) {}
+    : thread_(start_thread([this, &driver, context, name] { run(driver, context, name); })) {}
 
 Worker::~Worker() {
   {

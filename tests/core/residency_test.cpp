@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +268,66 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
     fill(on_one, 9);
     expect_holds(on_one, 9);
   });
+}
+
+// A thread vaswap cannot start (the process's thread limit; here the simulator's "vaswap_thread"
+// fault, which throws std::system_error as std::thread does) at a device's start: the device
+// gets no slots for now, named, as when its copy streams cannot be made; before, the error left
+// the program's cudaMalloc and ended the process. The fault hits the second of its threads, so the
+// first (the mover) was running; a second later all of them start, and the device's slots are
+// evicted and restored with their data.
+TEST_F(ResidencyTest, ADeviceWhoseThreadsCannotStartGetsNoSlotsUntilTheyCan) {
+  Slot* first = make_slot();
+  fill(first, 3);
+  ASSERT_EQ(0, vaswapSimInjectFault("vaswap_thread", 2, EAGAIN));
+  std::string why;
+  EXPECT_FALSE(residency::can_hold_slots(1, &why));
+  EXPECT_NE(why.find("vaswap's threads for device 1 could not be started"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("a fault the simulator injected"), std::string::npos) << why;
+  std::string again;
+  EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again at once";
+  EXPECT_EQ(why, again);
+  expect_holds(first, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  configure(1 * kPage);  // one page: each fill on device 1 evicts the other slot
+  std::string later;
+  EXPECT_TRUE(residency::can_hold_slots(1, &later)) << later;
+  const uint64_t evictions = residency::stats().evictions;
+  const uint64_t restores = residency::stats().restores;
+  Slot* a = make_slot(1);
+  Slot* b = make_slot(1);
+  with_device(1, [&] {
+    fill(a, 5);
+    fill(b, 6);
+    expect_holds(a, 5);
+    expect_holds(b, 6);
+  });
+  EXPECT_GE(residency::stats().evictions, evictions + 2);
+  EXPECT_GE(residency::stats().restores, restores + 2);
+}
+
+// The device handshake needs the watchdog (a wait on the device past residency.wait_limit becomes
+// a named error): where its thread cannot start, the device takes the host handshake, and the data
+// comes back the same. The fault hits the fifth thread device 1 starts: after its four, the
+// watchdog (no device before it took the device handshake).
+TEST_F(ResidencyTest, WithoutAWatchdogThreadTheDeviceTakesTheHostHandshake) {
+  configure(1 * kPage, 0, residency::Handshake::automatic);
+  ASSERT_EQ(0, vaswapSimInjectFault("vaswap_thread", 5, EAGAIN));
+  Slot* a = make_slot(1);
+  Slot* b = make_slot(1);
+  with_device(1, [&] {
+    fill(a, 21);
+    fill(b, 22);
+    residency::Acquired acquired;
+    std::string message;
+    ASSERT_EQ(CUDA_SUCCESS, residency::acquire({a}, stream_, "a test launch", &acquired, &message));
+    EXPECT_TRUE(acquired.host_waited) << "the device handshake without a watchdog";
+    residency::used(acquired);
+    expect_holds(a, 21);
+    expect_holds(b, 22);
+  });
+  EXPECT_FALSE(residency::stats().device_handshake);
 }
 
 // A failed driver call's Error carries the driver's code as well as the message: the mover acts on

@@ -41,7 +41,9 @@
 #      Buffers freed before the executable that uses them: nothing mapped for the slots off the
 #      device (as many pages made as when the executable goes first).
 #   6. Each stream creation of the run failing in turn: the checksum, or the failed call named;
-#      the rewrite's own stream failing leaves the graph instantiated as captured, said.
+#      the rewrite's own stream failing leaves the graph instantiated as captured, said. Each
+#      thread vaswap starts failing in turn: the checksum, the failure said (the device without
+#      slots, the host handshake, the graph instantiated as captured, or no plan).
 #   7. Another stream reads a lent slot without ordering (both only read it): the graph's next
 #      launch waits for it on the device; the same with launches on two streams in turn.
 # Usage: inside_test.sh BUILD_DIR SOURCE_DIR
@@ -558,6 +560,49 @@ grep -q "injected fault: cuStreamCreateWithPriority" "$tmp/err" && grep -q "rewr
   ! grep -q "instantiated as captured" "$tmp/err" ||
   fail "stream_fails: the rewrite's stream out of memory was not made again: $(cat "$tmp/err")"
 echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured, or made again after room where out of memory"
+
+# Every thread vaswap starts failing in turn (the simulator's "vaswap_thread" fault, thrown as
+# std::system_error is where the system starts no thread), one graph per step and per-layer
+# graphs: the device's four (it gets no slots for now), the watchdog (the host handshake), the
+# executor's two (the graph instantiated as captured), the planner's (no plan). Each run gives
+# the checksum, the failure said on the log; before, the error left the program's cudaMalloc, or
+# a launch, and ended the process.
+for graphs in whole layer; do
+  args=(--quiet --steps 20)
+  expect="device device device device watchdog executor executor planner"
+  if [[ $graphs == whole ]]; then
+    args+=(--graph whole)
+  else
+    expect="device device device device watchdog planner"
+  fi
+  VASWAP_SIM_COUNT=vaswap_thread VASWAP_CONF="$base,inside.mode=on" \
+    run -- "$demo" "${args[@]}" >/dev/null 2>"$tmp/err" ||
+    fail "thread_fails $graphs: the run that counts thread starts failed"
+  starts=$(sed -n 's/.*vaswap_thread=\([0-9]*\).*/\1/p' "$tmp/err")
+  [[ "$starts" =~ ^[0-9]+$ ]] || fail "thread_fails $graphs: no count of thread starts"
+  said=()
+  for n in $(seq 1 "$starts"); do
+    got=$(VASWAP_SIM_FAULTS=vaswap_thread:$n:11 VASWAP_CONF="$base,inside.mode=on" \
+      run -- "$demo" "${args[@]}" 2>"$tmp/err") ||
+      fail "thread_fails $graphs: start $n of $starts failing: the demo failed"
+    [[ "$got" == "$want" ]] ||
+      fail "thread_fails $graphs: start $n: checksum '$got', without vaswap '$want'"
+    grep -q "injected fault: vaswap_thread" "$tmp/err" || fail "thread_fails $graphs: start $n was not failed"
+    if grep -q "vaswap's threads for device 0 could not be started (a fault the simulator injected" "$tmp/err"; then
+      said+=(device)
+    elif grep -q "the host handshake, because vaswap's watchdog thread could not be started" "$tmp/err"; then
+      said+=(watchdog)
+    elif grep -q "instantiated as captured: vaswap's executor threads could not be started" "$tmp/err"; then
+      said+=(executor)
+    elif grep -q "the planner's thread could not be started" "$tmp/err"; then
+      said+=(planner)
+    else
+      fail "thread_fails $graphs: start $n failing was not said"
+    fi
+  done
+  [[ "${said[*]}" == "$expect" ]] || fail "thread_fails $graphs: the failures said: ${said[*]}; expected $expect"
+  echo "ok   thread_fails $graphs: each of $starts thread starts failed in turn: the checksum, the failure said (${said[*]})"
+done
 
 # 7. Another stream (side_stream_probe.cu): a long kernel on stream X reads a table that the graph
 # reads too and that a window of the graph takes off the device in the middle of each launch; the
