@@ -249,6 +249,7 @@ struct Job {
   CUstream out = nullptr;  // evict: the stream its D2H went on
   uint64_t sequence = 0;   // restore: its place among the device's decisions (Device::decisions)
   Where before = Where::offloaded;  // restore: where the slot goes back if it is given up
+  bool for_capture = false;         // restore: for a copy recorded into a capture (may be given up)
 };
 
 struct Unmap {
@@ -1355,6 +1356,7 @@ void Residency::restore_locked(Entry& e, const char* cause, Actions* out) {
   job.with_data = e.has_data;
   job.sequence = ++d.decisions;
   job.cause = cause;
+  job.for_capture = for_capture;
   job.decided_ns = trace::now_ns();
   job.before = first ? Where::unbacked : Where::offloaded;
   out->jobs.push_back(std::move(job));
@@ -3434,8 +3436,7 @@ uint64_t Residency::d2h_running(Device& d) {
 // stream waiting for it, no later restore of the slot, no pin but the copy's.
 bool Residency::give_up_for_capture(Device& d, const Job& job, CUresult failed_with,
                                     const std::string& failure) {
-  if (std::strcmp(job.cause, "capture") != 0 || job.ahead ||
-      failed_with != CUDA_ERROR_OUT_OF_MEMORY) {
+  if (!job.for_capture || job.ahead || failed_with != CUDA_ERROR_OUT_OF_MEMORY) {
     return false;
   }
   std::lock_guard<std::mutex> lock(mutex_);
