@@ -65,14 +65,21 @@ LoadedDriver* load() {
 
 }  // namespace
 
+namespace {
+std::atomic<const Driver*> g_loaded{nullptr};  // set once load_driver has succeeded
+}  // namespace
+
 const Driver* load_driver(std::string* error) {
   static LoadedDriver* loaded = load();
   if (!loaded->error.empty()) {
     if (error != nullptr) *error = loaded->error;
     return nullptr;
   }
+  g_loaded.store(&loaded->api, std::memory_order_release);
   return &loaded->api;
 }
+
+const Driver* loaded_driver() { return g_loaded.load(std::memory_order_acquire); }
 
 GetProcAddress driver_get_proc_address(std::string* error) {
   // No static-local guard: this runs inside dlsym and cuGetProcAddress calls that other

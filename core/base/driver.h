@@ -57,6 +57,9 @@ struct Driver {
 // The driver, loaded and initialized once. Returns nullptr when it cannot be, and then `error`
 // (if given) says why: no libcuda.so.1, a missing entry point, or cuInit's error.
 const Driver* load_driver(std::string* error);
+// The driver where load_driver has loaded it already, else nullptr; never loads it (nor calls
+// cuInit, which would fix the visible devices before the program has chosen them).
+const Driver* loaded_driver();
 
 // A kernel parameter's offset and size: cuFuncGetParamInfo for a CUfunction, else
 // cuKernelGetParamInfo (library kernels, which are launched through CUkernel handles cast to

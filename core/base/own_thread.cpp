@@ -21,7 +21,7 @@ void become_own_thread(const std::string& name) {
 bool on_own_thread() { return own; }
 
 std::thread start_thread(std::function<void()> body) {
-  const Driver* driver = load_driver(nullptr);
+  const Driver* driver = loaded_driver();  // not loaded for this: trace_open starts threads too
   if (driver != nullptr && driver->sim_fault_check != nullptr &&
       driver->sim_fault_check("vaswap_thread") != 0) {
     throw std::system_error(EAGAIN, std::generic_category(), "a fault the simulator injected");

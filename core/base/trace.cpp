@@ -222,8 +222,9 @@ bool open_file(const std::string& file, bool overwrite, const char* overwrite_ke
     signals::BlockedScope blocked;
     pool = std::make_shared<spdlog::details::thread_pool>(16384, 1);
   } catch (const std::exception& e) {  // std::system_error: the process can start no thread
-    if (error != nullptr)
-      *error = std::string("its writer thread could not be started: ") + e.what();
+    if (error != nullptr) {
+      *error = "the trace " + file + ": its writer thread could not be started: " + e.what();
+    }
     return false;
   }
   // Blocking overflow: a full queue slows the emitter rather than losing events.

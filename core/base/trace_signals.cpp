@@ -208,7 +208,7 @@ void install(Finish finish) {
     }
     pthread_sigmask(SIG_SETMASK, &saved, nullptr);
     if (!started) {
-      for (const int fd : {wake[0], wake[1], ack[0], ack[1]}) ::close(fd);
+      close_pipes(s);  // and forgets them: a forked child closes the numbers it finds there
       return;
     }
   }

@@ -39,7 +39,7 @@ bool D2hGates::raise(int device, uint64_t limit_ns) {
     if (!keeper_.joinable()) {
       // Without the gatekeeper nothing would bound the gate: not raised.
       try {
-        keeper_ = std::thread([this] { keep(); });
+        keeper_ = start_thread([this] { keep(); });
       } catch (const std::system_error&) {
         return false;
       }

@@ -276,24 +276,6 @@ void Planner::observe(CUgraphExec exec, CUstream stream, const std::vector<Slot*
 
 void Planner::start_planning(int period) {
   std::shared_ptr<Learned> learned = learner_.take(period, policy_.learning_steps);
-  if (!planning_worker_) {
-    // Plans are made on a thread of their own. Where the system starts none (a thread limit),
-    // there is no plan: as where no pattern is found; before, std::system_error left the
-    // program's graph launch and ended the process.
-    try {
-      const Driver& driver = *load_driver(nullptr);
-      CUcontext context = engine().context(learned->device);
-      planning_worker_ = std::make_unique<Worker>(driver, context, "vaswap-plan");
-    } catch (const std::system_error& error) {
-      log().warn(
-          "the planner's thread could not be started ({}); vaswap keeps slots within the "
-          "budget by least recent use, without a schedule (launches stay correct)",
-          error.what());
-      learner_.clear();
-      set_phase(Phase::off);
-      return;
-    }
-  }
   const uint64_t generation = generation_;
   std::vector<CUgraphExec> keys;
   for (size_t i = 0; i < static_cast<size_t>(period); ++i) keys.push_back(learned->window[i].exec);
@@ -325,6 +307,26 @@ void Planner::start_planning(int period) {
           .emit();
     }
     return;
+  }
+  if (!planning_worker_) {
+    // Plans are made on a thread of their own. Where the system starts none (a thread limit),
+    // there is no plan: as where no pattern is found; before, std::system_error left the
+    // program's graph launch and ended the process.
+    try {
+      const Driver& driver = *load_driver(nullptr);
+      CUcontext context = engine().context(learned->device);
+      planning_worker_ = std::make_unique<Worker>(driver, context, "vaswap-plan");
+    } catch (const std::system_error& error) {
+      log().warn(
+          "the planner's thread could not be started ({}); vaswap keeps slots within the "
+          "budget by least recent use, without a schedule (launches stay correct)",
+          error.what());
+      drop_events(learned->window);
+      residency::set_schedule({});  // eviction by least recent use, as the warning says
+      learner_.clear();
+      set_phase(Phase::off);
+      return;
+    }
   }
   planning_worker_->post([this, learned, generation] { plan(*learned, generation); });
 }

@@ -364,6 +364,11 @@ struct Device {
   CUstream ahead_in = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
+  // The last failure to pin a chunk of flags, and when (under mutex_): within kRetryStreamsNs of
+  // it take_flag fails at once, not after its retries (each selected allocation would wait them).
+  std::string flags_failure;
+  CUresult flags_failed_with = CUDA_SUCCESS;
+  uint64_t flags_failed_ns = 0;
   uint64_t committed = 0;       // host order: pages of resident slots (restores queued included),
                                 // and what lent slots may hold (`lent`)
   uint64_t lent = 0;            // reserved for the executors of rewritten graphs (plan/inside.h)
@@ -380,11 +385,12 @@ struct Device {
   // device handshake's on `ahead_in` (where one may wait for room while the other lands).
   std::deque<Copied> copies, ahead_copies;
   std::condition_variable jobs_cv, unmaps_cv, copies_cv;
-  int h2d_in_flight = 0;              // restore copies submitted and not yet seen complete
-  int unmaps_in_flight = 0;           // evictions submitted whose unmap is not done yet
-  uint64_t moving = 0;                // the slot whose restore the mover carries out now (0: none)
-  MoverState mover_state;             // where that restore stands
-  uint64_t unmapping = 0;             // the slot whose eviction the unmapper waits for (0: none)
+  bool retired = false;      // its start failed after its threads began: they return (under mutex_)
+  int h2d_in_flight = 0;     // restore copies submitted and not yet seen complete
+  int unmaps_in_flight = 0;  // evictions submitted whose unmap is not done yet
+  uint64_t moving = 0;       // the slot whose restore the mover carries out now (0: none)
+  MoverState mover_state;    // where that restore stands
+  uint64_t unmapping = 0;    // the slot whose eviction the unmapper waits for (0: none)
   std::vector<CUevent> spare_events;  // timing events for evictions, reused
   // Evictions whose D2H is enqueued, with their timing events, until the events go back to the
   // spares (d2h_running: the unmapper holds the copies it waits for in a list of its own).
@@ -740,8 +746,6 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
-  // Devices whose start failed after some of their threads began: those threads wait on them.
-  std::vector<std::unique_ptr<Device>> retired_;
   // Devices whose copy streams could not be made: why, and when (trace::now_ns). Tried again
   // once kRetryStreamsNs has passed: the program may have freed memory since.
   struct Unusable {
@@ -836,12 +840,18 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     unusable(error.what());
     return nullptr;
   }
-  // Its threads first: each waits for work that only a published device gets. One the system
-  // will not start (a thread limit) leaves the device without slots for now, as streams that
-  // cannot be made do; before, std::system_error left the program's cudaMalloc and ended the
-  // process. Threads started before the failure wait on a device kept for them (retired_).
+  if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
+    unusable(cuda_failure("cuStreamCreate", rc,
+                          "vaswap's copy streams on device " + std::to_string(ordinal)));
+    return nullptr;
+  }
+  // Its threads, before it is published: each waits for work that only a published device gets.
+  // One the system will not start (a thread limit) leaves the device without slots for now, as
+  // streams that cannot be made do; those started before it return, and its streams go. Before,
+  // std::system_error left the program's cudaMalloc and ended the process.
   Device* device = d.get();
   std::vector<std::thread> started;
+  started.reserve(4);
   try {
     started.push_back(start_thread([this, device] { run_mover(*device); }));
     started.push_back(start_thread([this, device] { run_unmapper(*device); }));
@@ -850,21 +860,25 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     started.push_back(start_thread(
         [this, device] { run_completions(*device, device->ahead_copies, "vaswap-cpa"); }));
   } catch (const std::system_error& error) {
-    for (std::thread& thread : started) thread.detach();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      device->retired = true;
+    }
+    device->jobs_cv.notify_all();
+    device->unmaps_cv.notify_all();
+    device->copies_cv.notify_all();
+    for (std::thread& thread : started) thread.join();
+    {
+      const Driver& driver = drv();
+      ContextScope scope(driver, device->context);
+      driver.cuStreamDestroy(device->offload);
+      driver.cuStreamDestroy(device->restore);
+    }
     unusable("vaswap's threads for device " + std::to_string(ordinal) + " could not be started (" +
              error.what() + ")");
-    std::lock_guard<std::mutex> lock(mutex_);
-    retired_.push_back(std::move(d));
     return nullptr;
   }
   for (std::thread& thread : started) thread.detach();
-  if (const CUresult rc = make_copy_streams(*d); rc != CUDA_SUCCESS) {
-    unusable(cuda_failure("cuStreamCreate", rc,
-                          "vaswap's copy streams on device " + std::to_string(ordinal)));
-    std::lock_guard<std::mutex> lock(mutex_);
-    retired_.push_back(std::move(d));
-    return nullptr;
-  }
   start_device(*d);
   std::lock_guard<std::mutex> lock(mutex_);
   unusable_.erase(ordinal);
@@ -1038,6 +1052,9 @@ Flag Residency::take_flag(Device& d) {
       d.free_flags.pop_back();
       return flag;
     }
+    if (d.flags_failed_ns != 0 && trace::now_ns() - d.flags_failed_ns < kRetryStreamsNs) {
+      fail_driver(d.flags_failed_with, d.flags_failure, "cuMemHostAlloc");
+    }
   }
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
@@ -1052,11 +1069,17 @@ Flag Residency::take_flag(Device& d) {
     // Thrown, not fatal: it comes from the program's cudaMalloc (a slot's first flag), which then
     // gets its memory without a slot, or from a device's start, which then takes the host
     // handshake. Pinned memory can run out on a host the program's own pinned buffers fill.
-    fail_driver(rc,
-                cuda_failure("cuMemHostAlloc", rc,
-                             "vaswap's handshake flags on device " + std::to_string(d.ordinal)) +
-                    "; free pinned host memory",
-                "cuMemHostAlloc");
+    const std::string message =
+        cuda_failure("cuMemHostAlloc", rc,
+                     "vaswap's handshake flags on device " + std::to_string(d.ordinal)) +
+        "; free pinned host memory";
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      d.flags_failure = message;
+      d.flags_failed_with = rc;
+      d.flags_failed_ns = trace::now_ns();
+    }
+    fail_driver(rc, message, "cuMemHostAlloc");
   }
   std::memset(host, 0, bytes);
   CUdeviceptr base = 0;
@@ -3186,7 +3209,8 @@ void Residency::run_mover(Device& d) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      d.jobs_cv.wait(lock, [&d] { return !d.jobs.empty(); });
+      d.jobs_cv.wait(lock, [&d] { return !d.jobs.empty() || d.retired; });
+      if (d.retired) return;
       job = std::move(d.jobs.front());
       d.jobs.pop_front();
       d.moving = job.kind == JobKind::restore ? job.slot : 0;
@@ -3924,7 +3948,8 @@ void Residency::run_completions(Device& d, std::deque<Copied>& copies, const cha
     Copied copied;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      d.copies_cv.wait(lock, [&copies] { return !copies.empty(); });
+      d.copies_cv.wait(lock, [&] { return !copies.empty() || d.retired; });
+      if (d.retired) return;
       copied = copies.front();
       copies.pop_front();
     }
@@ -3986,7 +4011,8 @@ void Residency::run_unmapper(Device& d) {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      d.unmaps_cv.wait(lock, [&] { return !d.unmaps.empty() || !mine.empty(); });
+      d.unmaps_cv.wait(lock, [&] { return !d.unmaps.empty() || !mine.empty() || d.retired; });
+      if (d.retired) return;
       while (!d.unmaps.empty()) {
         mine.push_back(std::move(d.unmaps.front()));
         d.unmaps.pop_front();

@@ -274,14 +274,20 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
 // fault, which throws std::system_error as std::thread does) at a device's start: the device
 // gets no slots for now, named, as when its copy streams cannot be made; before, the error left
 // the program's cudaMalloc and ended the process. The fault hits the second of its threads, so the
-// first (the mover) was running; a second later all of them start, and the device's slots are
-// evicted and restored with their data.
+// first (the mover) was running: it returns, and the device's copy streams (2 MiB each here) are
+// destroyed. A second later all of them start, and the device's slots are evicted and restored
+// with their data.
 TEST_F(ResidencyTest, ADeviceWhoseThreadsCannotStartGetsNoSlotsUntilTheyCan) {
   Slot* first = make_slot();
   fill(first, 3);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  const unsigned long long before = vaswapSimPhysicalBytes(1);
+  vaswapSimSetStreamBytes(kPage);
   ASSERT_EQ(0, vaswapSimInjectFault("vaswap_thread", 2, EAGAIN));
   std::string why;
   EXPECT_FALSE(residency::can_hold_slots(1, &why));
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "the copy streams were not destroyed";
+  vaswapSimSetStreamBytes(0);
   EXPECT_NE(why.find("vaswap's threads for device 1 could not be started"), std::string::npos)
       << why;
   EXPECT_NE(why.find("a fault the simulator injected"), std::string::npos) << why;
@@ -470,8 +476,8 @@ TEST(EngineDevice, AFailedFirstLookGivesTheContextBack) {
 // Every slot takes a handshake flag from pinned host memory, 1024 flags to a chunk. Where the host
 // can pin no more, a slot whose flag would need a new chunk is refused with the driver's error (the
 // preload then passes the program's allocation through) and residency keeps nothing of it; before,
-// the process was ended from the program's cudaMalloc. Once memory can be pinned again, slots are
-// adopted and hold their data.
+// the process was ended from the program's cudaMalloc. For a second after, slots are refused at
+// once; then, memory can be pinned again, and slots are adopted and hold their data.
 TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing) {
   struct Reset {
     ~Reset() { vaswapSimSetPinnedLimit(~0ULL); }
@@ -503,10 +509,16 @@ TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing
   EXPECT_NE(why.find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << why;
   EXPECT_NE(why.find("handshake flags on device 0"), std::string::npos) << why;
   EXPECT_FALSE(refused->managed) << "residency kept a slot it refused";
+  // The next slot within a second is refused at once, not after the pinning's retries (each
+  // selected allocation would wait them, holding every launch back).
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(residency::adopt(refused, false), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
   engine().destroy_slot(refused, /*device_idle_for_it=*/true);
   // The slots adopted before it and the first one still work.
   expect_holds(first, 11);
   vaswapSimSetPinnedLimit(~0ULL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));  // pinning is tried again
   Slot* later = make_slot();
   fill(later, 22);
   expect_holds(later, 22);
