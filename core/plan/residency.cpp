@@ -457,6 +457,9 @@ class Residency {
   }
   void take_back_offloaded(Slot* slot, void* host);
   void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
+  void wait_settled(const std::vector<Slot*>& slots);
+  // With mutex_ held in `lock`: until no eviction or restore of `slots` is under way.
+  void wait_settled_locked(const std::vector<Slot*>& slots, std::unique_lock<std::mutex>& lock);
   std::vector<Slot*> evict(const std::vector<Slot*>& slots, const char* cause);
   void prefetch(const std::vector<Slot*>& slots);
   void set_schedule(const std::vector<std::vector<Slot*>>& uses);
@@ -2525,6 +2528,27 @@ void Residency::take_back(int device, const std::vector<Slot*>& slots, uint64_t 
   changed_.notify_all();
 }
 
+void Residency::wait_settled_locked(const std::vector<Slot*>& slots,
+                                    std::unique_lock<std::mutex>& lock) {
+  auto idle = [this, &slots] {
+    return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
+      const Entry* e = find_locked(slot);
+      return e == nullptr || (settled(*e) && e->busy == 0);
+    });
+  };
+  if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), idle)) {
+    std::string names;
+    for (const Slot* slot : slots) names += (names.empty() ? "" : ", ") + slot->describe();
+    fail(VASWAP_ERROR_INVALID_STATE,
+         "an eviction or a restore of " + names + " did not end within residency.wait_limit");
+  }
+}
+
+void Residency::wait_settled(const std::vector<Slot*>& slots) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_settled_locked(slots, lock);
+}
+
 void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn) {
   // A placeholder takes one granule (at most a slot's pages): on a full device, slots no launch
   // needs make room for it first, as for the program's own allocations.
@@ -2542,18 +2566,7 @@ void Residency::with_pages(const std::vector<Slot*>& slots, const std::function<
   std::vector<std::unique_ptr<BusyHold>> holds;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto idle = [this, &slots] {
-      return std::all_of(slots.begin(), slots.end(), [this](const Slot* slot) {
-        const Entry* e = find_locked(slot);
-        return e == nullptr || (settled(*e) && e->busy == 0);
-      });
-    };
-    if (!changed_.wait_for(lock, std::chrono::nanoseconds(settings_.wait_limit_ns), idle)) {
-      std::string names;
-      for (const Slot* slot : slots) names += (names.empty() ? "" : ", ") + slot->describe();
-      fail(VASWAP_ERROR_INVALID_STATE,
-           "an eviction or a restore of " + names + " did not end within residency.wait_limit");
-    }
+    wait_settled_locked(slots, lock);
     for (Slot* slot : slots) {
       Entry* e = find_locked(slot);
       if (e == nullptr) continue;
@@ -4360,6 +4373,8 @@ void take_back(int device, const std::vector<Slot*>& slots, uint64_t reserve) {
   the().take_back(device, slots, reserve);
 }
 void take_back_offloaded(Slot* slot, void* host) { the().take_back_offloaded(slot, host); }
+void wait_settled(const std::vector<Slot*>& slots) { the().wait_settled(slots); }
+
 void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn) {
   the().with_pages(slots, fn);
 }

@@ -157,6 +157,10 @@ void take_back_offloaded(Slot* slot, void* host);
 // first (bounded by residency.wait_limit, else Error). Throws what `fn` or the engine throw, with
 // the slots as they were.
 void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
+// Waits until no eviction or restore of `slots` is under way: each resident with its restore
+// landed, or offloaded with its pages unmapped and given back (bounded by residency.wait_limit,
+// else Error). Decides nothing.
+void wait_settled(const std::vector<Slot*>& slots);
 
 // The plan's actions. evict: offload `slots` that are resident and not in use now (after their
 // last use); returns those it left resident (in use by a launch being made, an eviction the
