@@ -265,18 +265,26 @@ Device& Engine::device(int ordinal) {
 
 Device& Engine::device_with_workers(int ordinal) {
   Device& d = device(ordinal);
+  // A throw (a stream the device has no room for, a thread the system will not start) leaves
+  // the once open: the next call goes on from what failed, keeping what was made before it.
   std::call_once(d.workers_once, [&] {
     ContextScope scope(driver_, d.context);
-    check(driver_.cuStreamCreate(&d.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
-          "the copy stream of device " + std::to_string(ordinal));
-    check(driver_.cuStreamCreate(&d.launch_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
-          "the launch stream of device " + std::to_string(ordinal));
-    d.release_worker =
-        std::make_unique<Worker>(driver_, d.context, "vaswap-rel" + std::to_string(ordinal));
-    d.remap_worker =
-        std::make_unique<Worker>(driver_, d.context, "vaswap-map" + std::to_string(ordinal));
-    d.completion_worker =
-        std::make_unique<Worker>(driver_, d.context, "vaswap-slc" + std::to_string(ordinal));
+    const auto stream = [&](CUstream* made, const char* which) {
+      if (*made != nullptr) return;
+      CUstream created = nullptr;
+      check(driver_.cuStreamCreate(&created, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+            std::string("the ") + which + " stream of device " + std::to_string(ordinal));
+      *made = created;
+    };
+    stream(&d.copy_stream, "copy");
+    stream(&d.launch_stream, "launch");
+    const auto worker = [&](std::unique_ptr<Worker>* made, const char* name) {
+      if (!*made)
+        *made = std::make_unique<Worker>(driver_, d.context, name + std::to_string(ordinal));
+    };
+    worker(&d.release_worker, "vaswap-rel");
+    worker(&d.remap_worker, "vaswap-map");
+    worker(&d.completion_worker, "vaswap-slc");
   });
   return d;
 }

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -442,15 +443,21 @@ void ResidencyTest::refuses_a_captures_copy_whose_pages_never_come(bool evicted)
   expect_holds(slot, 77);
 }
 
+// Whether nothing in this process has used device 1 yet (its primary context is not active): the
+// engine tests below need its first look there.
+bool device_one_untouched() {
+  if (cuInit(0) != CUDA_SUCCESS) return false;
+  unsigned flags = 0;
+  int active = -1;
+  return cuDevicePrimaryCtxGetState(1, &flags, &active) == CUDA_SUCCESS && active == 0;
+}
+
 // The engine's first look at a device retains its primary context. Where the look fails after
 // that (the granularity query), the retain goes back: residency looks again a second later, and
 // each failed look held one more retain before.
 TEST(EngineDevice, AFailedFirstLookGivesTheContextBack) {
-  ASSERT_CU(cuInit(0));
-  unsigned flags = 0;
-  int active = -1;
-  ASSERT_CU(cuDevicePrimaryCtxGetState(1, &flags, &active));
-  if (active != 0) GTEST_SKIP() << "device 1's context is in use already in this process";
+  if (!device_one_untouched())
+    GTEST_SKIP() << "device 1's context is in use already in this process";
   vaswapSimClearFaults();
   ASSERT_EQ(0, vaswapSimInjectFault("cuMemGetAllocationGranularity", 1, CUDA_ERROR_UNKNOWN));
   bool thrown = false;
@@ -463,6 +470,8 @@ TEST(EngineDevice, AFailedFirstLookGivesTheContextBack) {
         << e.what();
   }
   EXPECT_TRUE(thrown);
+  unsigned flags = 0;
+  int active = -1;
   ASSERT_CU(cuDevicePrimaryCtxGetState(1, &flags, &active));
   EXPECT_EQ(0, active) << "the failed look kept the context retained";
   engine().memory_info(1, &free_bytes, &total_bytes);  // looked at again: no fault now
@@ -473,11 +482,39 @@ TEST(EngineDevice, AFailedFirstLookGivesTheContextBack) {
   EXPECT_EQ(1, active);
 }
 
+// The engine's workers for the C API (init_workers): where one of their threads cannot be started,
+// the call throws, and the next one starts what is missing with the streams made the first time.
+// Before, each retry made both streams again (2 MiB each here) and left the earlier ones.
+TEST(EngineDevice, WorkersThatCouldNotStartAreStartedLaterWithTheSameStreams) {
+  if (!device_one_untouched())
+    GTEST_SKIP() << "device 1's context is in use already in this process";
+  struct Reset {
+    ~Reset() {
+      vaswapSimSetStreamBytes(0);
+      vaswapSimClearFaults();
+    }
+  } reset;
+  size_t free_bytes = 0, total_bytes = 0;
+  engine().memory_info(1, &free_bytes, &total_bytes);  // the engine has device 1, no workers
+  vaswapSimClearFaults();
+  vaswapSimSetStreamBytes(kPage);
+  const unsigned long long before = vaswapSimPhysicalBytes(1);
+  ASSERT_EQ(0, vaswapSimInjectFault("vaswap_thread", 2, EAGAIN));  // the second worker's thread
+  EXPECT_THROW(engine().init_workers(1), std::system_error);
+  const unsigned long long made = vaswapSimPhysicalBytes(1);
+  EXPECT_EQ(made - before, 2 * kPage) << "the copy and launch streams";
+  ASSERT_NO_THROW(engine().init_workers(1));
+  EXPECT_EQ(vaswapSimPhysicalBytes(1), made) << "the streams were made again";
+  ASSERT_NO_THROW(engine().init_workers(1));
+  EXPECT_EQ(vaswapSimPhysicalBytes(1), made);
+}
+
 // Every slot takes a handshake flag from pinned host memory, 1024 flags to a chunk. Where the host
 // can pin no more, a slot whose flag would need a new chunk is refused with the driver's error (the
 // preload then passes the program's allocation through) and residency keeps nothing of it; before,
 // the process was ended from the program's cudaMalloc. For a second after, slots are refused at
-// once; then, memory can be pinned again, and slots are adopted and hold their data.
+// once, and can_hold_slots refuses them before one is made unless a freed slot's flag is there to
+// take; then, memory can be pinned again, and slots are adopted and hold their data.
 TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing) {
   struct Reset {
     ~Reset() { vaswapSimSetPinnedLimit(~0ULL); }
