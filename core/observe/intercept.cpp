@@ -480,9 +480,10 @@ bool try_slot(const Call& call, size_t bytes, CUdeviceptr* va, const char** skip
       return false;
     }
   }
-  if (std::string why; !residency::can_hold_slots(device, &why)) {
+  std::string why;
+  if (residency::NoSlots cause{}; !residency::can_hold_slots(device, &why, &cause)) {
     warn_slot_failure(why + ": device " + std::to_string(device) + " gets no slots");
-    *skipped = "streams";
+    *skipped = cause == residency::NoSlots::flags ? "flags" : "streams";
     return false;
   }
   // Made during a capture, a slot reserves its address alone: its pages come before its first

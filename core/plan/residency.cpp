@@ -53,9 +53,24 @@ constexpr uint64_t kRoomEveryNs = 50'000'000;
 // A driver call on the slot path that fails is tried again this often, backing off from 1 ms: a
 // transient failure (another process briefly holding memory) costs milliseconds, not the job.
 constexpr int kRetries = 6;
-// A device whose copy streams could not be made gets no slots; its streams are tried again at a
-// selected allocation this long after the last failure (the program may have freed memory).
+// A device whose start failed (its copy streams, its threads) or whose handshake flags could not
+// be pinned gets no slots; what failed is tried again at a selected allocation this long after
+// the last failure (the program may have freed memory, or ended threads, since).
 constexpr uint64_t kRetryStreamsNs = 1'000'000'000;
+
+// A failure remembered for kRetryStreamsNs, so that each selected allocation meanwhile is refused
+// at once rather than after the failed call's retries. Under Residency::mutex_.
+struct RecentFailure {
+  std::string why;
+  CUresult rc = CUDA_SUCCESS;
+  uint64_t at_ns = 0;  // trace::now_ns(); 0: none
+  bool recent() const { return at_ns != 0 && trace::now_ns() - at_ns < kRetryStreamsNs; }
+  void note(CUresult code, std::string message) {
+    rc = code;
+    why = std::move(message);
+    at_ns = trace::now_ns();
+  }
+};
 
 enum class Where : uint8_t {
   unbacked,   // no pages, no data: never used
@@ -364,11 +379,10 @@ struct Device {
   CUstream ahead_in = nullptr;
   bool device_handshake = false;
   std::vector<Flag> free_flags;
-  // The last failure to pin a chunk of flags, and when (under mutex_): within kRetryStreamsNs of
-  // it take_flag fails at once, not after its retries (each selected allocation would wait them).
-  std::string flags_failure;
-  CUresult flags_failed_with = CUDA_SUCCESS;
-  uint64_t flags_failed_ns = 0;
+  // The last failure to pin a chunk of flags (under mutex_): while recent, take_flag fails at
+  // once, not after its retries, and can_hold_slots refuses the device's slots before they are
+  // made.
+  RecentFailure flags_failed;
   uint64_t committed = 0;       // host order: pages of resident slots (restores queued included),
                                 // and what lent slots may hold (`lent`)
   uint64_t lent = 0;            // reserved for the executors of rewritten graphs (plan/inside.h)
@@ -436,7 +450,7 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     settings_ = s;
   }
-  bool can_hold_slots(int ordinal, std::string* why);
+  bool can_hold_slots(int ordinal, std::string* why, NoSlots* cause);
   void adopt(Slot* slot, bool backed);
   void forget(Slot* slot);
   CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,
@@ -749,14 +763,13 @@ class Residency {
   std::unordered_map<const Slot*, Entry> entries_;
   std::unordered_map<uint64_t, const Slot*> ids_;
   std::map<int, std::unique_ptr<Device>> devices_;  // created under submit_, read under mutex_
-  // Devices whose copy streams could not be made: why, and when (trace::now_ns). Tried again
-  // once kRetryStreamsNs has passed: the program may have freed memory since.
-  struct Unusable {
-    std::string why;
-    uint64_t at_ns = 0;
-  };
-  std::map<int, Unusable> unusable_;
+  // Devices whose start failed (context, copy streams, threads): tried again once the failure
+  // is no longer recent.
+  std::map<int, RecentFailure> unusable_;
   std::atomic<uint64_t> started_{0};  // bit N: device N (< 64) is in devices_
+  // Bit N: device N (< 64) failed to pin flags (Device::flags_failed), so its started bit alone
+  // does not answer can_hold_slots. Cleared there once the failure is no longer recent.
+  std::atomic<uint64_t> flags_refused_{0};
   std::unordered_map<StreamKey, Marks, StreamKeyHash> marks_;  // under submit_
   // Device handshake: the flag waits enqueued on each stream whose restores have not landed yet
   // (under mutex_). Work enqueued there after such a wait cannot complete before that restore.
@@ -821,7 +834,7 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     auto it = devices_.find(ordinal);
     if (it != devices_.end()) return it->second.get();
     if (auto failed = unusable_.find(ordinal);
-        failed != unusable_.end() && trace::now_ns() - failed->second.at_ns < kRetryStreamsNs) {
+        failed != unusable_.end() && failed->second.recent()) {
       *why = failed->second.why;
       return nullptr;
     }
@@ -831,7 +844,7 @@ Device* Residency::try_device(int ordinal, std::string* why) {
   const auto unusable = [&](const std::string& reason) {
     *why = reason;
     std::lock_guard<std::mutex> lock(mutex_);
-    unusable_[ordinal] = Unusable{reason, trace::now_ns()};
+    unusable_[ordinal].note(CUDA_ERROR_NOT_READY, reason);
   };
   // The engine's first look at the device may fail too (cuDeviceGet or the primary context after a
   // sticky fault): the device gets no slots for now, as without streams. Thrown, it ended the
@@ -909,17 +922,32 @@ CUresult Residency::make_copy_streams(Device& d) {
 }
 
 // Whether slots can be made on the device: its copy streams are made at the first one.
-bool Residency::can_hold_slots(int ordinal, std::string* why) {
-  // Asked at every selected allocation: a started device answers without a lock.
-  if (ordinal >= 0 && ordinal < 64 &&
-      (started_.load(std::memory_order_acquire) >> ordinal & 1) != 0) {
+bool Residency::can_hold_slots(int ordinal, std::string* why, NoSlots* cause) {
+  // Asked at every selected allocation: a started device answers without a lock, unless its
+  // flags could not be pinned lately.
+  const uint64_t bit = ordinal >= 0 && ordinal < 64 ? uint64_t{1} << ordinal : 0;
+  if ((started_.load(std::memory_order_acquire) & bit) != 0 &&
+      (flags_refused_.load(std::memory_order_acquire) & bit) == 0) {
     return true;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);  // not submit_: launches hold it to decide
-    if (devices_.count(ordinal) != 0) return true;
+    if (auto it = devices_.find(ordinal); it != devices_.end()) {
+      // No flag for the slot's handshake without pinning more, and pinning failed a moment ago:
+      // refused before the slot reserves its address (adopt would refuse it after).
+      const Device& d = *it->second;
+      if (!d.flags_failed.recent()) {
+        flags_refused_.fetch_and(~bit);  // set again, under mutex_, by the next failure
+        return true;
+      }
+      if (!d.free_flags.empty()) return true;  // one a freed slot gave back
+      *why = d.flags_failed.why;
+      if (cause != nullptr) *cause = NoSlots::flags;
+      return false;
+    }
   }
   std::lock_guard<std::mutex> submit(submit_);
+  if (cause != nullptr) *cause = NoSlots::device;
   return try_device(ordinal, why) != nullptr;
 }
 
@@ -1055,8 +1083,8 @@ Flag Residency::take_flag(Device& d) {
       d.free_flags.pop_back();
       return flag;
     }
-    if (d.flags_failed_ns != 0 && trace::now_ns() - d.flags_failed_ns < kRetryStreamsNs) {
-      fail_driver(d.flags_failed_with, d.flags_failure, "cuMemHostAlloc");
+    if (d.flags_failed.recent()) {
+      fail_driver(d.flags_failed.rc, d.flags_failed.why, "cuMemHostAlloc");
     }
   }
   const Driver& driver = drv();
@@ -1078,9 +1106,8 @@ Flag Residency::take_flag(Device& d) {
         "; free pinned host memory";
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      d.flags_failure = message;
-      d.flags_failed_with = rc;
-      d.flags_failed_ns = trace::now_ns();
+      d.flags_failed.note(rc, message);
+      if (d.ordinal >= 0 && d.ordinal < 64) flags_refused_.fetch_or(uint64_t{1} << d.ordinal);
     }
     fail_driver(rc, message, "cuMemHostAlloc");
   }
@@ -4272,7 +4299,9 @@ CUresult by_device(const std::vector<Slot*>& slots, Each each) {
 }  // namespace
 
 void configure(const Settings& settings) { the().configure(settings); }
-bool can_hold_slots(int device, std::string* why) { return the().can_hold_slots(device, why); }
+bool can_hold_slots(int device, std::string* why, NoSlots* cause) {
+  return the().can_hold_slots(device, why, cause);
+}
 void adopt(Slot* slot, bool backed) { the().adopt(slot, backed); }
 void forget(Slot* slot) { the().forget(slot); }
 CUresult acquire(const std::vector<Slot*>& slots, CUstream stream, const std::string& what,

@@ -65,11 +65,17 @@ struct Settings {
 // Called once, at start.
 void configure(const Settings& settings);
 
-// Whether slots can be made on `device`. Its first asks for vaswap's copy streams there; where
-// they cannot be made (a device the program has all but filled) it has no slots, and `why` says
-// so. Asked before each slot is made; the streams are tried again once a second has passed since
-// the last failure (the program may have freed memory since).
-bool can_hold_slots(int device, std::string* why);
+// Why can_hold_slots refused: the device could not be started (its context, vaswap's copy
+// streams or threads), or a slot there would have no handshake flag (pinned host memory ran out).
+enum class NoSlots : uint8_t { device, flags };
+
+// Whether slots can be made on `device`. Its first asks for vaswap's copy streams and threads
+// there; where they cannot be had (a device the program has all but filled, a thread limit) it has
+// no slots, and `why` (and `cause`) say so. Asked before each slot is made; what failed is tried
+// again once a second has passed since the last failure (the program may have freed memory
+// since). The same second after the device's handshake flags could not be pinned, where no
+// freed flag is left: refused before the slot reserves an address.
+bool can_hold_slots(int device, std::string* why, NoSlots* cause = nullptr);
 // A slot the preload made. `backed`: it has its pages already (made outside a capture).
 void adopt(Slot* slot, bool backed);
 // The slot is about to be destroyed: its jobs finish (bounded), its host copy goes back.

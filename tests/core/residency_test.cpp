@@ -551,11 +551,31 @@ TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(residency::adopt(refused, false), Error);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
-  engine().destroy_slot(refused, /*device_idle_for_it=*/true);
+  // The preload asks before it makes a slot: refused there, for the flags, so no address is
+  // reserved and freed for each selected allocation meanwhile.
+  std::string refusal;
+  residency::NoSlots cause = residency::NoSlots::device;
+  EXPECT_FALSE(residency::can_hold_slots(0, &refusal, &cause));
+  EXPECT_EQ(cause, residency::NoSlots::flags);
+  EXPECT_NE(refusal.find("cuMemHostAlloc"), std::string::npos) << refusal;
+  // A flag given back by a freed slot serves the next one: the device is asked again.
+  ASSERT_NE(slots_.back(), first) << "no slot adopted before the refusal";
+  Slot* freed = slots_.back();
+  slots_.pop_back();
+  residency::forget(freed);
+  engine().destroy_slot(freed, /*device_idle_for_it=*/true);
+  std::string none;
+  EXPECT_TRUE(residency::can_hold_slots(0, &none)) << none;
+  residency::adopt(refused, false);
+  slots_.push_back(refused);
+  EXPECT_TRUE(refused->managed);
+  EXPECT_FALSE(residency::can_hold_slots(0, &refusal, &cause)) << "the freed flag is taken";
+  EXPECT_EQ(cause, residency::NoSlots::flags);
   // The slots adopted before it and the first one still work.
   expect_holds(first, 11);
   vaswapSimSetPinnedLimit(~0ULL);
   std::this_thread::sleep_for(std::chrono::milliseconds(1050));  // pinning is tried again
+  EXPECT_TRUE(residency::can_hold_slots(0, &none)) << none;
   Slot* later = make_slot();
   fill(later, 22);
   expect_holds(later, 22);
