@@ -62,12 +62,12 @@ constexpr uint64_t kRetryStreamsNs = 1'000'000'000;
 // at once rather than after the failed call's retries. Under Residency::mutex_.
 struct RecentFailure {
   std::string why;
-  CUresult rc = CUDA_SUCCESS;
-  uint64_t at_ns = 0;  // trace::now_ns(); 0: none
+  CUresult rc = CUDA_SUCCESS;  // the driver's error, where one call failed
+  uint64_t at_ns = 0;          // trace::now_ns(); 0: none
   bool recent() const { return at_ns != 0 && trace::now_ns() - at_ns < kRetryStreamsNs; }
-  void note(CUresult code, std::string message) {
-    rc = code;
+  void note(std::string message, CUresult code = CUDA_SUCCESS) {
     why = std::move(message);
+    rc = code;
     at_ns = trace::now_ns();
   }
 };
@@ -844,7 +844,7 @@ Device* Residency::try_device(int ordinal, std::string* why) {
   const auto unusable = [&](const std::string& reason) {
     *why = reason;
     std::lock_guard<std::mutex> lock(mutex_);
-    unusable_[ordinal].note(CUDA_ERROR_NOT_READY, reason);
+    unusable_[ordinal].note(reason);
   };
   // The engine's first look at the device may fail too (cuDeviceGet or the primary context after a
   // sticky fault): the device gets no slots for now, as without streams. Thrown, it ended the
@@ -1106,7 +1106,7 @@ Flag Residency::take_flag(Device& d) {
         "; free pinned host memory";
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      d.flags_failed.note(rc, message);
+      d.flags_failed.note(message, rc);
       if (d.ordinal >= 0 && d.ordinal < 64) flags_refused_.fetch_or(uint64_t{1} << d.ordinal);
     }
     fail_driver(rc, message, "cuMemHostAlloc");
