@@ -3533,6 +3533,7 @@ void Residency::do_restore(Device& d, const Job& job) {
   bool relief_failed = false;  // the last relieve() found nothing to set going
   for (int attempt = 0;; ++attempt) {
     bool ready = false;
+    bool reusable = false;  // a kept handle of this size: mapping it adds nothing
     std::optional<uint64_t> trim_to;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -3564,7 +3565,6 @@ void Residency::do_restore(Device& d, const Job& job) {
         // link's speed, docs/PERFORMANCE.md) count within the budget: they are released first
         // when this restore needs their room.
         const uint64_t budget = budget_locked(d).target;
-        bool reusable = false;  // a kept handle of this size: mapping it adds nothing
         const uint64_t kept = engine().spare_bytes(d.ordinal, e->pages, &reusable);
         const uint64_t adds = reusable ? 0 : e->pages;
         ready = settings_.budget_bytes == 0 || d.physical + e->pages <= settings_.budget_bytes;
@@ -3620,7 +3620,10 @@ void Residency::do_restore(Device& d, const Job& job) {
       // Map: pages are never visible before their data (DESIGN.md invariant 10): the copy
       // follows at once on the restore stream, and nothing waiting for the slot runs before it
       // lands.
-      const std::optional<uint64_t> mark = engine().given_back_mark();
+      // What the device reports free before the map, for learn_held_back after a refused
+      // cuMemCreate. A kept handle of the size is mapped without one: nothing to read (a
+      // cuMemGetInfo per restore, on the path every restore's turnaround waits for).
+      const std::optional<uint64_t> mark = reusable ? std::nullopt : engine().given_back_mark();
       const std::optional<uint64_t> free_before =
           mark ? engine().free_memory(d.ordinal) : std::nullopt;
       try {
