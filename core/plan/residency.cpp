@@ -1007,10 +1007,12 @@ void Residency::start_device(Device& d) {
       parks_.store(true, std::memory_order_release);
       // Without pinned memory for its flag the device has no gate: the program's copies to the
       // host then wait on the host for a parked stream, as with residency.d2h_gate off.
-      if (std::string why; s.d2h_gate && take_flag(d, &d.gate, &why)) {
-        gates_.add(d.ordinal, d.gate.host);
-      } else if (s.d2h_gate) {
-        log().warn("device {}: no gate for the program's copies to the host: {}", d.ordinal, why);
+      if (s.d2h_gate) {
+        if (std::string why; take_flag(d, &d.gate, &why)) {
+          gates_.add(d.ordinal, d.gate.host);
+        } else {
+          log().warn("device {}: no gate for the program's copies to the host: {}", d.ordinal, why);
+        }
       }
     }
     d.free_flags.push_back(probe);
