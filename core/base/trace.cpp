@@ -221,7 +221,7 @@ bool open_file(const std::string& file, bool overwrite, const char* overwrite_ke
     // wait for the queue it drains.
     signals::BlockedScope blocked;
     pool = std::make_shared<spdlog::details::thread_pool>(16384, 1);
-  } catch (const std::exception& e) {  // std::system_error: the process can start no thread
+  } catch (const std::exception& e) {  // std::system_error (no thread) or spdlog's own error
     if (error != nullptr) {
       *error = "the trace " + file + ": its writer thread could not be started: " + e.what();
     }

@@ -654,6 +654,7 @@ class Residency {
   Device& device(int ordinal);
   Device* try_device(int ordinal, std::string* why);
   CUresult make_copy_streams(Device& d);
+  void destroy_copy_streams(Device& d);
   void start_device(Device& d);
   class GateHold;
   uint64_t d2h_running(Device& d);
@@ -884,12 +885,7 @@ Device* Residency::try_device(int ordinal, std::string* why) {
     device->unmaps_cv.notify_all();
     device->copies_cv.notify_all();
     for (std::thread& thread : started) thread.join();
-    {
-      const Driver& driver = drv();
-      ContextScope scope(driver, device->context);
-      driver.cuStreamDestroy(device->offload);
-      driver.cuStreamDestroy(device->restore);
-    }
+    destroy_copy_streams(*device);
     unusable("vaswap's threads for device " + std::to_string(ordinal) + " could not be started (" +
              error.what() + ")");
     return nullptr;
@@ -908,17 +904,27 @@ Device* Residency::try_device(int ordinal, std::string* why) {
 CUresult Residency::make_copy_streams(Device& d) {
   const Driver& driver = drv();
   ContextScope scope(driver, d.context);
-  CUresult created =
-      with_retries([&] { return driver.cuStreamCreate(&d.offload, CU_STREAM_NON_BLOCKING); });
-  if (created == CUDA_SUCCESS) {
-    created =
-        with_retries([&] { return driver.cuStreamCreate(&d.restore, CU_STREAM_NON_BLOCKING); });
+  for (CUstream* stream : {&d.offload, &d.restore}) {
+    const CUresult created =
+        with_retries([&] { return driver.cuStreamCreate(stream, CU_STREAM_NON_BLOCKING); });
     if (created != CUDA_SUCCESS) {
-      driver.cuStreamDestroy(d.offload);
-      d.offload = nullptr;
+      *stream = nullptr;  // not made
+      destroy_copy_streams(d);
+      return created;
     }
   }
-  return created;
+  return CUDA_SUCCESS;
+}
+
+// Those of a device that does not start (make_copy_streams, try_device): nothing was enqueued
+// on them.
+void Residency::destroy_copy_streams(Device& d) {
+  const Driver& driver = drv();
+  ContextScope scope(driver, d.context);
+  for (CUstream* stream : {&d.offload, &d.restore}) {
+    if (*stream != nullptr) driver.cuStreamDestroy(*stream);
+    *stream = nullptr;
+  }
 }
 
 // Whether slots can be made on the device: its copy streams are made at the first one.
@@ -3097,6 +3103,9 @@ Stats Residency::stats() {
 // =============================================================================================
 
 bool Residency::start_watchdog(std::string* why) {
+  // Started under mutex_ (the watchdog waits for it at its start): a device starting beside
+  // this one then learns whether the watchdog runs before it counts on it, which a claim made
+  // before the start would not tell it.
   std::lock_guard<std::mutex> lock(mutex_);
   if (watching_) return true;
   try {
