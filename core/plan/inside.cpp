@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -218,9 +219,12 @@ class Inside {
     // The auto budget: an instantiation is scanned a second time only while the slots' pages
     // (of every device) exceed what the current device has for them; a job that fits pays
     // nothing. prepare() then weighs the graph's own slots.
+    // The current device may hold no slot: one that cannot be started (a thread limit, no room
+    // for its streams) rewrites nothing, where residency::budget would end the process.
     CUdevice device = 0;
     if (engine().driver().cuCtxGetDevice(&device) != CUDA_SUCCESS) return false;
-    return engine().slot_bytes() > residency::budget(static_cast<int>(device)).limit;
+    const std::optional<residency::Budget> budget = residency::try_budget(static_cast<int>(device));
+    return budget && engine().slot_bytes() > budget->limit;
   }
 
   CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,

@@ -495,6 +495,17 @@ class Residency {
     std::lock_guard<std::mutex> lock(mutex_);
     return budget_locked(d);
   }
+  // As budget(), for a device that may hold no slot: started here if it is not yet, and none
+  // where it cannot start (its streams or threads: try_device), instead of ending the process.
+  std::optional<Budget> try_budget(int ordinal) {
+    std::lock_guard<std::mutex> submit(submit_);
+    std::string why;
+    Device* d = try_device(ordinal, &why);
+    if (d == nullptr) return std::nullopt;
+    refresh_budget(*d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return budget_locked(*d);
+  }
   std::optional<uint64_t> device_room(int ordinal);
   std::optional<uint64_t> slot_room(Device& d);
   void learn_held_back(Device& d, uint64_t pages, uint64_t mark, uint64_t free_before);
@@ -4441,6 +4452,7 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_sched
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
+std::optional<Budget> try_budget(int device) { return the().try_budget(device); }
 Others others(int device) { return the().others(device); }
 std::optional<uint64_t> device_room(int device) { return the().device_room(device); }
 void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }

@@ -192,6 +192,10 @@ struct Budget {
   bool device_bound = false;  // a size budget, lowered to the device's room
 };
 Budget budget(int device);
+// The same for a device that may hold no slot yet (the current device of a graph's
+// instantiation): started here where it is not; none where it cannot be started now (its copy
+// streams, its threads: can_hold_slots says why), where budget() would end the process.
+std::optional<Budget> try_budget(int device);
 // What `device` could give slots at most now, whatever residency.budget says: what it has free
 // (less what no allocation gets, Engine::allocatable), plus what slots hold there (spare
 // handles included), less residency.reserve where the user set one. Read from the device; empty

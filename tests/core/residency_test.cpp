@@ -29,6 +29,7 @@
 #include "base/errors.h"
 #include "base/trace.h"
 #include "plan/copy_test.h"
+#include "plan/inside.h"
 #include "plan/residency.h"
 #include "slots/engine.h"
 #include "transform/copy_graph.h"
@@ -295,6 +296,12 @@ TEST_F(ResidencyTest, ADeviceWhoseThreadsCannotStartGetsNoSlotsUntilTheyCan) {
   std::string again;
   EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again at once";
   EXPECT_EQ(why, again);
+  // A graph instantiated while device 1 is current asks for that device's budget (the automatic
+  // inside mode, auto budget): there is none, and nothing is rewritten; before, the lookup
+  // started the device, could not, and ended the process.
+  EXPECT_FALSE(residency::try_budget(1).has_value());
+  inside::configure(inside::Settings{});
+  with_device(1, [&] { EXPECT_FALSE(inside::enabled()); });
   expect_holds(first, 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(1050));
   configure(1 * kPage);  // one page: each fill on device 1 evicts the other slot
