@@ -8,8 +8,9 @@ more made after the first plan came into force, how many ran alone and how many 
 other way (overlapping it for more than 30% of their own time), and the median GB/s of each
 group, with the share the second keeps of the first.
 
-A copy's interval is taken on the host clock: its event is written when it has landed (`t_ns`),
-and it began `dur_us` (timed on the device) before. The planner's model is one way (the copy test
+A copy's interval is taken on the host clock: its event's `t_ns` is when it began (residency
+records it at its landing less `dur_us`, the copy's time on the device), and it ends `dur_us`
+later. The planner's model is one way (the copy test
 times each direction alone, docs/PLANNER.md); the shares say what copies beside each other got.
 
 Usage: python3 bench/trace_duplex.py TRACE.jsonl...
@@ -31,7 +32,7 @@ def copies(path):
     for e in events:
         if e["ev"] in ("d2h", "h2d") and e["t_ns"] > after and e["bytes"] >= MIN_BYTES:
             if e["dur_us"] > 0:
-                out.append((e["t_ns"] - e["dur_us"] * 1e3, e["t_ns"], e["ev"],
+                out.append((e["t_ns"], e["t_ns"] + e["dur_us"] * 1e3, e["ev"],
                             e["bytes"] / (e["dur_us"] * 1e3)))
     return out
 
