@@ -217,14 +217,16 @@ class Inside {
     if (s.mode != Mode::automatic) return false;
     if (s.budget_bytes > 0) return true;
     // The auto budget: an instantiation is scanned a second time only while the slots' pages
-    // (of every device) exceed what the current device has for them; a job that fits pays
-    // nothing. prepare() then weighs the graph's own slots.
-    // The current device may hold no slot: one that cannot be started (a thread limit, no room
-    // for its streams) rewrites nothing, where residency::budget would end the process.
-    CUdevice device = 0;
-    if (engine().driver().cuCtxGetDevice(&device) != CUDA_SUCCESS) return false;
-    const std::optional<residency::Budget> budget = residency::try_budget(static_cast<int>(device));
-    return budget && engine().slot_bytes() > budget->limit;
+    // (of every device) exceed what some device that holds slots has for them; a job that fits
+    // pays nothing. prepare() then weighs the graph's own slots on their device. Not asked of
+    // the current device: one that holds no slot has nothing to weigh, and starting it to ask
+    // cost that GPU vaswap's threads and copy streams, or ended the process where it could not
+    // start (a thread limit, no room for its streams).
+    const uint64_t slot_bytes = engine().slot_bytes();
+    for (const residency::Budget& budget : residency::started_budgets()) {
+      if (slot_bytes > budget.limit) return true;
+    }
+    return false;
   }
 
   CUgraph prepare(CUgraph graph, const GraphScan& scan, const std::vector<Slot*>& slots,

@@ -490,21 +490,21 @@ class Residency {
   uint64_t make_room_once(int ordinal, uint64_t bytes, bool* busy_slots);
   Budget budget(int ordinal) {
     std::lock_guard<std::mutex> submit(submit_);
-    Device& d = device(ordinal);
-    refresh_budget(d);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return budget_locked(d);
+    return budget_of(device(ordinal));
   }
-  // As budget(), for a device that may hold no slot: started here if it is not yet, and none
-  // where it cannot start (its streams or threads: try_device), instead of ending the process.
-  std::optional<Budget> try_budget(int ordinal) {
-    std::lock_guard<std::mutex> submit(submit_);
-    std::string why;
-    Device* d = try_device(ordinal, &why);
-    if (d == nullptr) return std::nullopt;
-    refresh_budget(*d);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return budget_locked(*d);
+  // budget() of each device started so far (those that hold slots or held them), none started
+  // here.
+  std::vector<Budget> started_budgets() {
+    std::lock_guard<std::mutex> submit(submit_);  // devices_ grows under it: none added meanwhile
+    std::vector<Device*> started;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [ordinal, d] : devices_) started.push_back(d.get());
+    }
+    std::vector<Budget> budgets;
+    budgets.reserve(started.size());
+    for (Device* d : started) budgets.push_back(budget_of(*d));
+    return budgets;
   }
   std::optional<uint64_t> device_room(int ordinal);
   std::optional<uint64_t> slot_room(Device& d);
@@ -599,6 +599,12 @@ class Residency {
   // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided
   // restores into pages the device would not give, and each launch that needed one waited
   // residency.wait_limit before it failed.
+  // With submit_ held: d's budget, its room read now.
+  Budget budget_of(Device& d) {
+    refresh_budget(d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return budget_locked(d);
+  }
   Budget budget_locked(const Device& d) const {
     if (settings_.budget_bytes != 0) {
       // Bounded, it is the auto budget: the reserve below the room too. Aimed at the room
@@ -4452,7 +4458,7 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_sched
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
-std::optional<Budget> try_budget(int device) { return the().try_budget(device); }
+std::vector<Budget> started_budgets() { return the().started_budgets(); }
 Others others(int device) { return the().others(device); }
 std::optional<uint64_t> device_room(int device) { return the().device_room(device); }
 void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }

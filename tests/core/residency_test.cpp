@@ -272,6 +272,46 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
   });
 }
 
+// A graph instantiated while a device vaswap never started is current (the automatic inside
+// mode, the auto budget) starts nothing there: no copy streams (a page each here), no threads.
+// It is weighed against device 0's budget, the only device that holds slots: no pressure there,
+// nothing rewritten; the program's own allocation leaving device 0 less room than its slots'
+// pages, the same question from device 1 says yes. Before, it asked device 1's budget and
+// started device 1, a GPU that held no slot.
+TEST_F(ResidencyTest, AnInstantiationStartsNoDevice) {
+  configure(0);  // the auto budget
+  inside::configure(inside::Settings{});
+  Slot* first = make_slot();
+  fill(first, 3);
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  vaswapSimSetStreamBytes(kPage);
+  with_device(1, [] {});  // the test's own stream there, before counting
+  const unsigned long long before = vaswapSimPhysicalBytes(1);
+  EXPECT_EQ(kPage, before);
+  with_device(1, [&] { EXPECT_FALSE(inside::enabled()); });
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "device 1 was started";
+  ASSERT_EQ(1u, residency::started_budgets().size());
+  const uint64_t room = residency::started_budgets()[0].limit;
+  EXPECT_GE(room, kPage);
+  EXPECT_LT(room, 1ull << 30);
+  // Device 0 filled but for one page: its room (that page and the slot's) is less than three
+  // slots' pages.
+  size_t free_bytes = 0, total = 0;
+  ASSERT_CU(cuMemGetInfo(&free_bytes, &total));
+  CUdeviceptr own = 0;
+  ASSERT_CU(cuMemAlloc(&own, free_bytes - kPage));
+  make_slot();
+  make_slot();
+  EXPECT_EQ(3 * kPage, engine().slot_bytes());
+  EXPECT_LT(residency::started_budgets()[0].limit, 3 * kPage);
+  with_device(1, [&] { EXPECT_TRUE(inside::enabled()); });
+  EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "device 1 was started";
+  EXPECT_EQ(1u, residency::started_budgets().size());
+  vaswapSimSetStreamBytes(0);
+  ASSERT_CU(cuMemFree(own));
+  expect_holds(first, 3);
+}
+
 // A thread vaswap cannot start (the process's thread limit; here the simulator's "vaswap_thread"
 // fault, which throws std::system_error as std::thread does) at a device's start: the device
 // gets no slots for now, named, as when its copy streams cannot be made; before, the error left
@@ -296,12 +336,12 @@ TEST_F(ResidencyTest, ADeviceWhoseThreadsCannotStartGetsNoSlotsUntilTheyCan) {
   std::string again;
   EXPECT_FALSE(residency::can_hold_slots(1, &again)) << "tried again at once";
   EXPECT_EQ(why, again);
-  // A graph instantiated while device 1 is current asks for that device's budget (the automatic
-  // inside mode, auto budget): there is none, and nothing is rewritten; before, the lookup
-  // started the device, could not, and ended the process.
-  EXPECT_FALSE(residency::try_budget(1).has_value());
+  // A graph instantiated while device 1 is current (the automatic inside mode, auto budget) is
+  // weighed against the started devices' budgets, device 0's alone; before, the lookup asked
+  // device 1's, started the device, could not, and ended the process.
   inside::configure(inside::Settings{});
   with_device(1, [&] { EXPECT_FALSE(inside::enabled()); });
+  EXPECT_EQ(1u, residency::started_budgets().size());
   expect_holds(first, 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(1050));
   configure(1 * kPage);  // one page: each fill on device 1 evicts the other slot
