@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <new>
 #include <system_error>
 #include <utility>
 
@@ -22,11 +23,22 @@ bool on_own_thread() { return own; }
 
 std::thread start_thread(std::function<void()> body) {
   const Driver* driver = loaded_driver();  // not loaded for this: trace_open starts threads too
-  if (driver != nullptr && driver->sim_fault_check != nullptr &&
-      driver->sim_fault_check("vaswap_thread") != 0) {
-    throw std::system_error(EAGAIN, std::generic_category(), "a fault the simulator injected");
+  const int injected = driver != nullptr && driver->sim_fault_check != nullptr
+                           ? driver->sim_fault_check("vaswap_thread")
+                           : 0;
+  try {
+    if (injected == ENOMEM) throw std::bad_alloc();  // as std::thread's own state allocation
+    if (injected != 0) {
+      throw std::system_error(EAGAIN, std::generic_category(), "a fault the simulator injected");
+    }
+    return std::thread(std::move(body));
+  } catch (const std::bad_alloc&) {
+    // std::thread allocates its state before the system starts anything: no memory for it is a
+    // thread that cannot start, as EAGAIN is, for every caller's handler.
+    throw std::system_error(ENOMEM, std::generic_category(),
+                            injected != 0 ? "a fault the simulator injected (no memory)"
+                                          : "no memory for the thread's state");
   }
-  return std::thread(std::move(body));
 }
 
 }  // namespace vaswap

@@ -562,7 +562,8 @@ grep -q "injected fault: cuStreamCreateWithPriority" "$tmp/err" && grep -q "rewr
 echo "ok   stream_fails: each of $creates stream creations failed in turn: the checksum or the call named; the rewrite's own instantiated as captured, or made again after room where out of memory"
 
 # Every thread vaswap starts failing in turn (the simulator's "vaswap_thread" fault, thrown as
-# std::system_error is where the system starts no thread), one graph per step and per-layer
+# std::system_error is where the system starts no thread, errno 11; errno 12 as the std::bad_alloc
+# of std::thread's state, which start_thread turns into the same), one graph per step and per-layer
 # graphs: the device's four (it gets no slots for now), the watchdog (the host handshake), the
 # executor's two (the graph instantiated as captured), the planner's (no plan). Each run gives
 # the checksum, the failure said on the log; before, the error left the program's cudaMalloc, or
@@ -580,28 +581,33 @@ for graphs in whole layer; do
     fail "thread_fails $graphs: the run that counts thread starts failed"
   starts=$(sed -n 's/.*vaswap_thread=\([0-9]*\).*/\1/p' "$tmp/err")
   [[ "$starts" =~ ^[0-9]+$ ]] || fail "thread_fails $graphs: no count of thread starts"
-  said=()
-  for n in $(seq 1 "$starts"); do
-    got=$(VASWAP_SIM_FAULTS=vaswap_thread:$n:11 VASWAP_CONF="$base,inside.mode=on" \
-      run -- "$demo" "${args[@]}" 2>"$tmp/err") ||
-      fail "thread_fails $graphs: start $n of $starts failing: the demo failed"
-    [[ "$got" == "$want" ]] ||
-      fail "thread_fails $graphs: start $n: checksum '$got', without vaswap '$want'"
-    grep -q "injected fault: vaswap_thread" "$tmp/err" || fail "thread_fails $graphs: start $n was not failed"
-    if grep -q "vaswap's threads for device 0 could not be started (a fault the simulator injected" "$tmp/err"; then
-      said+=(device)
-    elif grep -q "the host handshake, because vaswap's watchdog thread could not be started" "$tmp/err"; then
-      said+=(watchdog)
-    elif grep -q "instantiated as captured: vaswap's executor threads could not be started" "$tmp/err"; then
-      said+=(executor)
-    elif grep -q "the planner's thread could not be started" "$tmp/err"; then
-      said+=(planner)
-    else
-      fail "thread_fails $graphs: start $n failing was not said"
-    fi
+  for err in 11 12; do
+    said=()
+    for n in $(seq 1 "$starts"); do
+      got=$(VASWAP_SIM_FAULTS=vaswap_thread:$n:$err VASWAP_CONF="$base,inside.mode=on" \
+        run -- "$demo" "${args[@]}" 2>"$tmp/err") ||
+        fail "thread_fails $graphs errno $err: start $n of $starts failing: the demo failed"
+      [[ "$got" == "$want" ]] ||
+        fail "thread_fails $graphs errno $err: start $n: checksum '$got', without vaswap '$want'"
+      grep -q "injected fault: vaswap_thread" "$tmp/err" || fail "thread_fails $graphs errno $err: start $n was not failed"
+      # 12: std::thread's bad_alloc (no memory for its state), handled as the system's refusal.
+      [[ $err == 11 ]] || grep -q "simulator injected (no memory): Cannot allocate memory" "$tmp/err" ||
+        fail "thread_fails $graphs errno $err: start $n without memory (std::bad_alloc) was not said: $(cat "$tmp/err")"
+      if grep -q "vaswap's threads for device 0 could not be started (a fault the simulator injected" "$tmp/err"; then
+        said+=(device)
+      elif grep -q "the host handshake, because vaswap's watchdog thread could not be started" "$tmp/err"; then
+        said+=(watchdog)
+      elif grep -q "instantiated as captured: vaswap's executor threads could not be started" "$tmp/err"; then
+        said+=(executor)
+      elif grep -q "the planner's thread could not be started" "$tmp/err"; then
+        said+=(planner)
+      else
+        fail "thread_fails $graphs errno $err: start $n failing was not said"
+      fi
+    done
+    [[ "${said[*]}" == "$expect" ]] || fail "thread_fails $graphs errno $err: the failures said: ${said[*]}; expected $expect"
+    echo "ok   thread_fails $graphs errno $err: each of $starts thread starts failed in turn: the checksum, the failure said (${said[*]})"
   done
-  [[ "${said[*]}" == "$expect" ]] || fail "thread_fails $graphs: the failures said: ${said[*]}; expected $expect"
-  echo "ok   thread_fails $graphs: each of $starts thread starts failed in turn: the checksum, the failure said (${said[*]})"
 done
 
 # 7. Another stream (side_stream_probe.cu): a long kernel on stream X reads a table that the graph
