@@ -8,32 +8,29 @@ more made after the first plan came into force, how many ran alone and how many 
 other way (overlapping it for more than 30% of their own time), and the median GB/s of each
 group, with the share the second keeps of the first.
 
-A copy's interval is taken on the host clock: its event's `t_ns` is when it began (residency
-records it at its landing less `dur_us`, the copy's time on the device), and it ends `dur_us`
-later. The planner's model is one way (the copy test
+A copy's interval is taken on the host clock (trace_events.copy_interval: `t_ns` is its start).
+The planner's model is one way (the copy test
 times each direction alone, docs/PLANNER.md); the shares say what copies beside each other got.
 
 Usage: python3 bench/trace_duplex.py TRACE.jsonl...
 """
-import json
 import statistics
 import sys
+
+from trace_events import copy_interval, first_plan_ns, load, overlap_ns
 
 MIN_BYTES = 8 << 20
 BESIDE = 0.3  # of a copy's own time, overlapped by copies the other way
 
 
 def copies(path):
-    with open(path) as f:
-        events = [json.loads(line) for line in f]
-    plans = [e["t_ns"] for e in events if e["ev"] == "plan"]
-    after = min(plans) if plans else 0
+    events = load(path)
+    after = first_plan_ns(events) or 0
     out = []
     for e in events:
         if e["ev"] in ("d2h", "h2d") and e["t_ns"] > after and e["bytes"] >= MIN_BYTES:
             if e["dur_us"] > 0:
-                out.append((e["t_ns"], e["t_ns"] + e["dur_us"] * 1e3, e["ev"],
-                            e["bytes"] / (e["dur_us"] * 1e3)))
+                out.append((copy_interval(e), e["ev"], e["bytes"] / (e["dur_us"] * 1e3)))
     return out
 
 
@@ -42,12 +39,12 @@ def row(path):
     cells = []
     for kind in ("d2h", "h2d"):
         alone, beside = [], []
-        for start, end, k, gbps in cs:
+        other = [interval for interval, k, _ in cs if k != kind]
+        for interval, k, gbps in cs:
             if k != kind:
                 continue
-            overlap = sum(max(0.0, min(end, e2) - max(start, s2))
-                          for s2, e2, k2, _ in cs if k2 != kind)
-            (beside if overlap > BESIDE * (end - start) else alone).append(gbps)
+            overlap = overlap_ns(interval, other)
+            (beside if overlap > BESIDE * (interval[1] - interval[0]) else alone).append(gbps)
         a = statistics.median(alone) if alone else 0.0
         b = statistics.median(beside) if beside else 0.0
         share = f"{b / a:.2f}" if a > 0 and b > 0 else "-"

@@ -9,27 +9,20 @@ calls back while its restores copy. Per trace, after the first plan came into fo
 (launches of the period's first graph), the remaps (cuMemCreate, cuMemMap, cuMemSetAccess) and
 releases (cuMemUnmap, cuMemRelease) per step with the calls' median times, the host time spent
 in them per step, and the restores' H2D copies that overlapped one of those calls (their time
-intervals on the host clock: each event's t_ns is its start) against those that did not, with
+intervals on the host clock, trace_events.copy_interval) against those that did not, with
 the copies' median GB/s.
 """
-import gzip
-import json
 import statistics
 import sys
 
-
-def load(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return sorted((json.loads(line) for line in f), key=lambda e: e["t_ns"])
+from trace_events import copy_interval, first_plan_ns, load, overlap_ns
 
 
 def analyse(path):
     ev = load(path)
-    plans = [e for e in ev if e["ev"] == "plan"]
-    if not plans:
+    after = first_plan_ns(ev)
+    if after is None:
         return None
-    after = plans[0]["t_ns"]
     launches = [e for e in ev if e["ev"] == "graph_launch" and e["t_ns"] > after]
     if not launches:
         return None
@@ -45,8 +38,7 @@ def analyse(path):
     for e in ev:
         if e["ev"] != "h2d" or e["t_ns"] <= after or e["dur_us"] <= 0:
             continue
-        start, end = e["t_ns"], e["t_ns"] + 1e3 * e["dur_us"]
-        overlap_us = sum(max(0.0, min(end, b) - max(start, a)) for a, b in calls) / 1e3
+        overlap_us = overlap_ns(copy_interval(e), calls) / 1e3
         gbps = e["bytes"] / e["dur_us"] / 1e3
         (overlapped if overlap_us > 0 else clean).append((gbps, overlap_us))
 

@@ -15,8 +15,9 @@ was enqueued after the first plan event.
 Usage: python3 bench/trace_parked_steps.py [--period N] TRACE.jsonl...
 """
 import argparse
-import json
 import statistics
+
+from trace_events import load
 
 
 def steps_in_force(events, period):
@@ -43,8 +44,7 @@ def main():
           "| positions parked > 20 us from the third step in force (median us) |")
     print("|---|---|---:|---|")
     for path in args.traces:
-        with open(path) as f:
-            events = [json.loads(line) for line in f]
+        events = load(path)
         steps = steps_in_force(events, p)
         if steps is None:
             print(f"| {path} | no plan or no launch_time events | | |")

@@ -16,6 +16,7 @@ Usage: python3 bench/trace_step_timeline.py [--period N] [--step S] TRACE.jsonl
 import argparse
 import json
 
+from trace_events import load
 from trace_parked_steps import steps_in_force
 
 KINDS = ("evict", "d2h", "release", "fetch", "remap", "h2d", "plan_offload", "plan_restore",
@@ -30,8 +31,7 @@ def main():
     ap.add_argument("trace")
     args = ap.parse_args()
     p = args.period
-    with open(args.trace) as f:
-        events = [json.loads(line) for line in f]
+    events = load(args.trace)
     steps = steps_in_force(events, p)
     if steps is None:
         raise SystemExit(f"{args.trace}: no plan or no launch_time events")
