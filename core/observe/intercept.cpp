@@ -855,13 +855,13 @@ void add_slot(const RegionRegistry& registry, uintptr_t address, std::vector<Slo
 
 CUgraph graph_to_instantiate(const Call& call, CUgraph graph, Scanned* scanned) {
   Tables& t = tables();
-  if (graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0 || !inside::enabled()) {
-    return graph;
-  }
+  if (graph == nullptr || t.slots.load(std::memory_order_relaxed) == 0) return graph;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     if (t.graphs.count(graph) == 0) return graph;  // not from a capture
   }
+  // After the capture check: under the auto budget it reads each started device's free memory.
+  if (!inside::enabled()) return graph;
   const Driver* driver = load_driver(nullptr);
   if (driver == nullptr) return graph;
   GraphScan apart;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -578,10 +579,18 @@ CUgraph Inside::prepare(CUgraph graph, const GraphScan& scan, const std::vector<
   // ended the process.
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Each holder is allocated before its thread starts: allocated after, its std::bad_alloc
+    // would have dropped a started thread still joinable (std::terminate).
+    const auto start = [](std::unique_ptr<std::thread>* held, std::function<void()> body) {
+      if (*held) return;
+      auto holder = std::make_unique<std::thread>();
+      *holder = start_thread(std::move(body));
+      *held = std::move(holder);
+    };
     try {
-      if (!thread_) thread_ = std::make_unique<std::thread>(start_thread([this] { run(); }));
-      if (!watchdog_) watchdog_ = std::make_unique<std::thread>(start_thread([this] { watch(); }));
-    } catch (const std::system_error& error) {
+      start(&thread_, [this] { run(); });
+      start(&watchdog_, [this] { watch(); });
+    } catch (const std::exception& error) {  // std::system_error, or no memory for a holder
       *why = std::string("vaswap's executor threads could not be started (") + error.what() + ")";
       return nullptr;
     }
