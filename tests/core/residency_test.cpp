@@ -575,7 +575,7 @@ TEST_F(ResidencyTest, ASlotWithNoPinnedMemoryForItsFlagIsRefusedAndLeavesNothing
   const char* call = nullptr;
   size_t adopted = 0;
   // The flags pinned so far serve at most a few chunks' worth of slots before one is refused.
-  for (; adopted < 8 * 1024 && refused == nullptr; ++adopted) {
+  for (; adopted < size_t{8} * 1024 && refused == nullptr; ++adopted) {
     Slot* slot = engine().create_slot(0, kPage, /*intercepted=*/true, /*backed=*/false);
     try {
       residency::adopt(slot, false);
