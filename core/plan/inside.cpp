@@ -217,15 +217,15 @@ class Inside {
     if (s.mode == Mode::on) return true;
     if (s.mode != Mode::automatic) return false;
     if (s.budget_bytes > 0) return true;
-    // The auto budget: an instantiation is scanned a second time only while the slots' pages
-    // (of every device) exceed what some device that holds slots has for them; a job that fits
-    // pays nothing. prepare() then weighs the graph's own slots on their device. Not asked of
-    // the current device: one that holds no slot has nothing to weigh, and starting it to ask
-    // cost that GPU vaswap's threads and copy streams, or ended the process where it could not
-    // start (a thread limit, no room for its streams).
-    const uint64_t slot_bytes = engine().slot_bytes();
-    for (const residency::Budget& budget : residency::started_budgets()) {
-      if (slot_bytes > budget.limit) return true;
+    // The auto budget: an instantiation is scanned a second time only while some device's slots
+    // exceed what it has for them; a job that fits pays nothing. prepare() then weighs the
+    // graph's own slots on their device. Not asked of the current device: one that holds no slot
+    // has nothing to weigh, and starting it to ask cost that GPU vaswap's threads and copy
+    // streams, or ended the process where it could not start (a thread limit, no room for its
+    // streams). Nor of every device's slots against one device's room: a second GPU's slots
+    // made every graph of the first scanned twice.
+    for (const auto& [ordinal, budget] : residency::started_budgets()) {
+      if (engine().slot_bytes(ordinal) > budget.limit) return true;
     }
     return false;
   }

@@ -45,9 +45,9 @@ struct Settings {
 
 void configure(const Settings& settings);
 // Whether an instantiation may be rewritten at all: inside.mode on; automatic under a
-// residency.budget size; automatic under the auto budget while the slots' pages exceed what a
-// started device (one that holds or held slots: residency::started_budgets) has for them; no
-// device is started to ask. The graph is scanned for it only then.
+// residency.budget size; automatic under the auto budget while a started device's slots (one
+// that holds or held slots: residency::started_budgets) exceed what it has for them; no device is
+// started to ask. The graph is scanned for it only then.
 bool enabled();
 
 // At the instantiation of `graph`, which uses `slots` (its scan, with nodes: `scan.order`):

@@ -494,16 +494,15 @@ class Residency {
   }
   // budget() of each device started so far (those that hold slots or held them), none started
   // here.
-  std::vector<Budget> started_budgets() {
+  std::map<int, Budget> started_budgets() {
     std::lock_guard<std::mutex> submit(submit_);  // devices_ grows under it: none added meanwhile
     std::vector<Device*> started;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& [ordinal, d] : devices_) started.push_back(d.get());
     }
-    std::vector<Budget> budgets;
-    budgets.reserve(started.size());
-    for (Device* d : started) budgets.push_back(budget_of(*d));
+    std::map<int, Budget> budgets;
+    for (Device* d : started) budgets[d->ordinal] = budget_of(*d);
     return budgets;
   }
   std::optional<uint64_t> device_room(int ordinal);
@@ -4458,7 +4457,7 @@ void set_schedule(const std::vector<std::vector<Slot*>>& uses) { the().set_sched
 void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
-std::vector<Budget> started_budgets() { return the().started_budgets(); }
+std::map<int, Budget> started_budgets() { return the().started_budgets(); }
 Others others(int device) { return the().others(device); }
 std::optional<uint64_t> device_room(int device) { return the().device_room(device); }
 void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }

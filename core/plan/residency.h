@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -192,11 +193,12 @@ struct Budget {
   bool device_bound = false;  // a size budget, lowered to the device's room
 };
 Budget budget(int device);
-// budget() of each device vaswap has started (at its first slot), none started here: a graph's
-// instantiation asks these (inside::enabled), whatever device is current. A device not started
-// holds no slot to weigh; asking budget() for it started one that held none (vaswap's threads
-// and copy streams on a GPU it did not use), and ended the process where it could not start.
-std::vector<Budget> started_budgets();
+// budget() of each device vaswap has started (at its first slot), by ordinal, none started here:
+// a graph's instantiation asks these (inside::enabled), whatever device is current. A device not
+// started holds no slot to weigh; asking budget() for it started one that held none (vaswap's
+// threads and copy streams on a GPU it did not use), and ended the process where it could not
+// start.
+std::map<int, Budget> started_budgets();
 // What `device` could give slots at most now, whatever residency.budget says: what it has free
 // (less what no allocation gets, Engine::allocatable), plus what slots hold there (spare
 // handles included), less residency.reserve where the user set one. Read from the device; empty

@@ -535,6 +535,9 @@ Slot* Engine::create_slot(int ordinal, size_t bytes, bool intercepted, bool back
     bytes_mapped_.fetch_add(slot->mapped_bytes);
   }
   bytes_reserved_.fetch_add(slot->mapped_bytes);
+  if (slot->device >= 0 && slot->device < 64) {
+    device_reserved_[slot->device].fetch_add(slot->mapped_bytes);
+  }
   note_memory();
   if (trace::enabled()) {
     trace::Record(trace::Event::slot_create)
@@ -767,6 +770,9 @@ void Engine::destroy_slot(Slot* slot, bool device_idle_for_it) {
     }
   }
   bytes_reserved_.fetch_sub(slot->mapped_bytes);
+  if (slot->device >= 0 && slot->device < 64) {
+    device_reserved_[slot->device].fetch_sub(slot->mapped_bytes);
+  }
   slot->last_copy.reset();
   {
     auto lock = driver_call_lock();

@@ -319,6 +319,11 @@ class Engine {
   uint64_t spare_bytes(int ordinal, size_t size = 0, bool* has_size = nullptr);
   // The bytes of every live slot's pages, mapped or not (all devices).
   uint64_t slot_bytes() const { return bytes_reserved_.load(std::memory_order_relaxed); }
+  // Of the slots on `device` alone (every device's where its ordinal is past 63).
+  uint64_t slot_bytes(int device) const {
+    return device >= 0 && device < 64 ? device_reserved_[device].load(std::memory_order_relaxed)
+                                      : slot_bytes();
+  }
   uint64_t trim_spares(int ordinal, uint64_t keep);
   vaswap_stats stats();
   // What this process's maps and unmaps have cost, per device (the planner's model reads it).
@@ -408,8 +413,9 @@ class Engine {
 
   std::atomic<uint64_t> bytes_mapped_{0}, releases_{0}, remaps_done_{0}, bytes_offloaded_{0},
       bytes_restored_{0}, errors_{0};
-  std::atomic<uint64_t> bytes_reserved_{0};  // mapped_bytes of every live slot
-  std::atomic<uint64_t> reuse_limit_{0};     // vaswap_set_page_reuse, per device
+  std::atomic<uint64_t> bytes_reserved_{0};         // mapped_bytes of every live slot
+  std::atomic<uint64_t> device_reserved_[64] = {};  // the same per device (ordinals below 64)
+  std::atomic<uint64_t> reuse_limit_{0};            // vaswap_set_page_reuse, per device
   std::atomic<uint64_t> peak_used_{0}, peak_without_{0};
   DeviceCosts device_costs_;
 };

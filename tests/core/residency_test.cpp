@@ -278,7 +278,9 @@ TEST_F(ResidencyTest, ADeviceWithoutRoomForTheCopyStreamsGetsNoSlots) {
 // It is weighed against device 0's budget, the only device that holds slots: no pressure there,
 // nothing rewritten; the program's own allocation leaving device 0 less room than its slots'
 // pages, the same question from device 1 says yes. Before, it asked device 1's budget and
-// started device 1, a GPU that held no slot.
+// started device 1, a GPU that held no slot. Each device's slots are weighed against its own room:
+// device 1's slots beside device 0's exceed device 0's room, but each device's fit its own, and
+// nothing is rewritten (weighed together, every graph was scanned a second time).
 TEST_F(ResidencyTest, AnInstantiationStartsNoDevice) {
   configure(0);  // the auto budget
   inside::configure(inside::Settings{});
@@ -292,23 +294,34 @@ TEST_F(ResidencyTest, AnInstantiationStartsNoDevice) {
   with_device(1, [&] { EXPECT_FALSE(inside::enabled()); });
   EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "device 1 was started";
   ASSERT_EQ(1u, residency::started_budgets().size());
-  const uint64_t room = residency::started_budgets()[0].limit;
+  const uint64_t room = residency::started_budgets().at(0).limit;
   EXPECT_GE(room, kPage);
   EXPECT_LE(room, 64ull << 20);  // the device (main() below)
-  // Device 0 filled but for one page: its room (that page and the slot's) is less than three
-  // slots' pages.
+  vaswapSimSetStreamBytes(0);
+  // Device 0 filled but for four pages: its room is those less the 2 MiB no allocation gets
+  // (Engine::allocatable), and the slot's page: four.
   size_t free_bytes = 0, total = 0;
   ASSERT_CU(cuMemGetInfo(&free_bytes, &total));
   CUdeviceptr own = 0;
-  ASSERT_CU(cuMemAlloc(&own, free_bytes - kPage));
-  make_slot();
-  make_slot();
-  EXPECT_EQ(3 * kPage, engine().slot_bytes());
-  EXPECT_LT(residency::started_budgets()[0].limit, 3 * kPage);
+  ASSERT_CU(cuMemAlloc(&own, free_bytes - 4 * kPage));
+  EXPECT_EQ(4 * kPage, residency::started_budgets().at(0).limit);
+  // Six slots on device 1 (its room some 60 MiB): seven pages of slots in all, more than device
+  // 0's four, and each device's within its own.
+  std::string why;
+  ASSERT_TRUE(residency::can_hold_slots(1, &why)) << why;
+  for (int i = 0; i < 6; ++i) make_slot(1);
+  EXPECT_EQ(7 * kPage, engine().slot_bytes());
+  EXPECT_EQ(6 * kPage, engine().slot_bytes(1));
+  const std::map<int, residency::Budget> both = residency::started_budgets();
+  ASSERT_EQ(2u, both.size());
+  EXPECT_GT(both.at(1).limit, 6 * kPage);
+  EXPECT_FALSE(inside::enabled());
+  with_device(1, [&] { EXPECT_FALSE(inside::enabled()); });
+  // Five more on device 0: six pages of slots there, more than its room.
+  for (int i = 0; i < 5; ++i) make_slot();
+  EXPECT_EQ(6 * kPage, engine().slot_bytes(0));
+  EXPECT_TRUE(inside::enabled());
   with_device(1, [&] { EXPECT_TRUE(inside::enabled()); });
-  EXPECT_EQ(before, vaswapSimPhysicalBytes(1)) << "device 1 was started";
-  EXPECT_EQ(1u, residency::started_budgets().size());
-  vaswapSimSetStreamBytes(0);
   ASSERT_CU(cuMemFree(own));
   expect_holds(first, 3);
 }
