@@ -594,16 +594,16 @@ class Residency {
            "selection takes a slot, " +
            otherwise;
   }
-  // A size budget is bounded by what the device could give slots when last read (d.limit): a
-  // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided
-  // restores into pages the device would not give, and each launch that needed one waited
-  // residency.wait_limit before it failed.
   // With submit_ held: d's budget, its room read now.
   Budget budget_of(Device& d) {
     refresh_budget(d);
     std::lock_guard<std::mutex> lock(mutex_);
     return budget_locked(d);
   }
+  // A size budget is bounded by what the device could give slots when last read (d.limit): a
+  // residency.budget of 32 MiB on a device the program had left 24 MiB planned and decided
+  // restores into pages the device would not give, and each launch that needed one waited
+  // residency.wait_limit before it failed.
   Budget budget_locked(const Device& d) const {
     if (settings_.budget_bytes != 0) {
       // Bounded, it is the auto budget: the reserve below the room too. Aimed at the room
