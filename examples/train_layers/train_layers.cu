@@ -132,6 +132,7 @@ struct Options {
   bool api_graph = false;
   bool batch_copies = false;
   bool whole = false;        // --graph whole: one graph per step
+  bool pair = false;         // --graph pair: a forward and a backward graph per step
   int set_params_step = -1;  // --graph whole: -1: never
   int retarget_step = -1;    // --graph whole: -1: never
   int update_step = -1;      // --graph whole: -1: never
@@ -150,7 +151,7 @@ void usage(FILE* to) {
       "usage: train_layers [--layers N] [--elems N] [--steps N] [--seed N] [--device N]\n"
       "                    [--devices N] [--eval-every N] [--peek-step N] [--api-graph]\n"
       "                    [--extra-mib N] [--limit-mib N] [--fault-step N] [--batch-copies]\n"
-      "                    [--graph layers|whole] [--set-params-step N]\n"
+      "                    [--graph layers|whole|pair] [--set-params-step N]\n"
       "                    [--retarget-step N] [--update-step N [--update-retarget]]\n"
       "                    [--free-first]\n"
       "                    [--work N] [--eager-mib N] [--out FILE] [--quiet]\n"
@@ -193,7 +194,14 @@ void usage(FILE* to) {
       "                  eager work between them; whole: one graph per step, captured once,\n"
       "                  holding every layer's forward and backward, the copies between\n"
       "                  layers, the gradient accumulation and the update (as a\n"
-      "                  whole-iteration torch.cuda.graph); the checksum is the same\n"
+      "                  whole-iteration torch.cuda.graph); the checksum is the same;\n"
+      "                  pair: two graphs per step, captured once, one holding every\n"
+      "                  layer's forward and the copies between them, the other the\n"
+      "                  loss's gradient and every layer's backward, accumulation and\n"
+      "                  update (as torch.compile's CUDA graph trees in training): the\n"
+      "                  saved activations are written by one graph and read by the\n"
+      "                  other; the checksum is the same. --peek-step and --eval-every\n"
+      "                  (the forward graph alone) go with it\n"
       "  --set-params-step N  with --graph whole: before step N, give a kernel node of the\n"
       "                  executable its own parameters again (cudaGraphExecKernelNodeSetParams\n"
       "                  with the captured graph's node), and read and set again whether it\n"
@@ -322,10 +330,11 @@ Options parse(int argc, char** argv) {
       case 'T': o.update_retarget = true; break;
       case 'F': o.free_first = true; break;
       case 'g':
-        if (std::strcmp(optarg, "whole") == 0) {
-          o.whole = true;
-        } else if (std::strcmp(optarg, "layers") != 0) {
-          std::fprintf(stderr, "train_layers: --graph needs layers or whole, got \"%s\"\n", optarg);
+        o.whole = std::strcmp(optarg, "whole") == 0;
+        o.pair = std::strcmp(optarg, "pair") == 0;
+        if (!o.whole && !o.pair && std::strcmp(optarg, "layers") != 0) {
+          std::fprintf(stderr, "train_layers: --graph needs layers, whole or pair, got \"%s\"\n",
+                       optarg);
           usage(stderr);
           std::exit(2);
         }
@@ -391,6 +400,12 @@ Options parse(int argc, char** argv) {
                  "train_layers: --graph whole cannot go with --devices, --api-graph, "
                  "--batch-copies, --eval-every, --peek-step or --fault-step (they act between "
                  "the layers' graphs)\n");
+    std::exit(2);
+  }
+  if (o.pair && (o.devices > 1 || o.api_graph || o.batch_copies || o.fault_step >= 0)) {
+    std::fprintf(stderr,
+                 "train_layers: --graph pair cannot go with --devices, --api-graph, "
+                 "--batch-copies or --fault-step\n");
     std::exit(2);
   }
   return o;
@@ -585,8 +600,9 @@ int main(int argc, char** argv) {
     eager_step(0);
   }
   int captured_allocations = 0;
+  const bool per_layer = !o.whole && !o.pair;  // --graph layers
   for (Layer& L : layers) {
-    if (o.whole) break;  // captured below, after the hand-off between layers is defined
+    if (o.whole || o.pair) break;  // captured below, after the hand-off between layers is defined
     const Launcher& launch = on(L);
     L.forward = capture(launch.stream, [&] {
       L.act = malloc_during_capture(bytes);
@@ -664,27 +680,40 @@ int main(int argc, char** argv) {
   cudaGraphNode_t whole_kernel = nullptr;  // its last kernel node (the last layer's update)
   cudaKernelNodeParams whole_params{};
   cudaGraphNode_t last_forward = nullptr;  // the last layer's forward kernel (--retarget-step)
+  const auto forward_body = [&] {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      Layer& L = layers[l];
+      L.act = malloc_during_capture(bytes);
+      L.y = malloc_during_capture(bytes);
+      captured_allocations += 2;
+      launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n, &work});
+      if (l + 1 < layers.size()) hand_off(L, layers[l + 1], layers[l + 1].x, L.y);
+    }
+  };
+  const auto backward_body = [&] {
+    launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+    for (size_t l = layers.size(); l-- > 0;) {
+      Layer& L = layers[l];
+      L.gx = malloc_during_capture(bytes);
+      L.gw = malloc_during_capture(bytes);
+      captured_allocations += 2;
+      launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n, &work});
+      launch((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
+      if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
+    }
+    for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
+  };
+  // --graph pair: the same kernels and copies as --graph whole, in two graphs.
+  cudaGraphExec_t pair_forward = nullptr;
+  cudaGraphExec_t pair_backward = nullptr;
+  if (o.pair) {
+    pair_forward = capture(s, forward_body);
+    pair_backward = capture(s, backward_body);
+  }
   if (o.whole) {
     whole = capture_keeping(s, &whole_graph, [&] {
-      for (size_t l = 0; l < layers.size(); ++l) {
-        Layer& L = layers[l];
-        L.act = malloc_during_capture(bytes);
-        L.y = malloc_during_capture(bytes);
-        captured_allocations += 2;
-        launch((const void*)forward_kernel, {&L.x, &L.w, &L.act, &L.y, &n, &work});
-        if (l + 1 < layers.size()) hand_off(L, layers[l + 1], layers[l + 1].x, L.y);
-      }
-      launch((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
-      for (size_t l = layers.size(); l-- > 0;) {
-        Layer& L = layers[l];
-        L.gx = malloc_during_capture(bytes);
-        L.gw = malloc_during_capture(bytes);
-        captured_allocations += 2;
-        launch((const void*)backward_kernel, {&L.gy, &L.act, &L.w, &L.gx, &L.gw, &n, &work});
-        launch((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
-        if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
-      }
-      for (Layer& L : layers) launch((const void*)update_kernel, {&L.w, &L.acc, &n});
+      forward_body();
+      backward_body();
     });
     size_t node_count = 0;
     CHECK(cudaGraphGetNodes(whole_graph, nullptr, &node_count));
@@ -772,7 +801,8 @@ int main(int argc, char** argv) {
       CHECK(cudaGraphDestroy(copy));
     }
     if (o.whole) CHECK(cudaGraphLaunch(whole, s));
-    if (!o.whole) forward();
+    if (o.pair) CHECK(cudaGraphLaunch(pair_forward, s));
+    if (per_layer) forward();
     on(first);
     if (step == o.peek_step) launch((const void*)peek_kernel, {&first.act, &peek, &n});
     if (step == o.fault_step) {
@@ -796,14 +826,15 @@ int main(int argc, char** argv) {
       }
       CHECK(cudaGraphLaunch(peek_exec, s));
     }
-    if (!o.whole) on(last)((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
-    for (size_t l = layers.size(); l-- > 0 && !o.whole;) {
+    if (o.pair) CHECK(cudaGraphLaunch(pair_backward, s));
+    if (per_layer) on(last)((const void*)loss_grad_kernel, {&last.y, &last.gy, &n});
+    for (size_t l = layers.size(); l-- > 0 && per_layer;) {
       Layer& L = layers[l];
       CHECK(cudaGraphLaunch(L.backward, on(L).stream));
       on(L)((const void*)accumulate_kernel, {&L.acc, &L.gw, &n});
       if (l > 0) hand_off(L, layers[l - 1], layers[l - 1].gy, L.gx);
     }
-    for (size_t l = 0; l < layers.size() && !o.whole; ++l) {
+    for (size_t l = 0; l < layers.size() && per_layer; ++l) {
       on(layers[l])((const void*)update_kernel, {&layers[l].w, &layers[l].acc, &n});
     }
     eager_step(static_cast<uint32_t>(step) + 1);
@@ -843,7 +874,8 @@ int main(int argc, char** argv) {
       // Evaluation: the forward graphs alone, out of the training pattern.
       uint32_t eval_seed = o.seed * 15485863u + static_cast<uint32_t>(step);
       on(first)((const void*)fill_kernel, {&first.x, &eval_seed, &n});
-      forward();
+      if (o.pair) CHECK(cudaGraphLaunch(pair_forward, s));
+      if (per_layer) forward();
       to_host(host);
       const uint64_t eval = fnv1a(1469598103934665603ull, host, bytes);
       checksum = fnv1a(checksum, &eval, sizeof(eval));
@@ -873,9 +905,10 @@ int main(int argc, char** argv) {
     held += D.held;
   }
   if (!o.quiet) {
+    const int graphs = o.whole ? 1 : o.pair ? 2 : 2 * o.layers;
     std::printf(
         "graphs: %d captured, %d replays; buffers allocated during capture: %d (%.1f MiB)\n",
-        o.whole ? 1 : 2 * o.layers, (o.whole ? 1 : 2 * o.layers) * o.steps, captured_allocations,
+        graphs, graphs * o.steps, captured_allocations,
         static_cast<double>(captured_allocations) * static_cast<double>(bytes) / (1 << 20));
     std::printf("device memory in use: %.1f MiB (cudaMemGetInfo); %.3f s, %.2f ms/step\n",
                 static_cast<double>(in_use) / (1 << 20), seconds, 1e3 * seconds / o.steps);
@@ -898,8 +931,13 @@ int main(int argc, char** argv) {
   }
   for (Layer& L : layers) {
     on(L);
-    if (!o.whole) CHECK(cudaGraphExecDestroy(L.forward));
-    if (!o.whole) CHECK(cudaGraphExecDestroy(L.backward));
+    if (per_layer) CHECK(cudaGraphExecDestroy(L.forward));
+    if (per_layer) CHECK(cudaGraphExecDestroy(L.backward));
+    if (L.dev == 0 && pair_forward != nullptr) {  // before the buffers they use go
+      CHECK(cudaGraphExecDestroy(pair_forward));
+      CHECK(cudaGraphExecDestroy(pair_backward));
+      pair_forward = pair_backward = nullptr;
+    }
     if (L.dev == 0 && whole != nullptr && !o.free_first) {  // before the buffers it uses go
       CHECK(cudaGraphExecDestroy(whole));
       CHECK(cudaGraphDestroy(whole_graph));
