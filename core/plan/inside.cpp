@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -150,7 +152,11 @@ struct Rewritten {
   // Under a size budget: what its reserve may grow to for slots kept on the device (the budget,
   // less what the rest of the program needs of it); 0: no bound.
   uint64_t keep_limit = 0;
-  uint64_t held = 0;        // what its lent slots hold now
+  uint64_t held = 0;  // what its lent slots hold now
+  // Of its reserve, what residency does not count while no launch is queued (the part it has no
+  // pages for, given back when its last launch was carried out; residency::park): taken again,
+  // evicting others, before anything maps for it (unpark_locked).
+  uint64_t parked = 0;
   uint64_t kept_bytes = 0;  // of its lent slots, those kept on the device between launches
   // Residency lent it the slots (at a launch; until then, or when a slot was away there, the
   // windows copy and signal but nothing is unmapped).
@@ -307,6 +313,10 @@ class Inside {
   // the device; returns at once when g was destroyed meanwhile.
   void finished_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, const char* why);
   void note_held_locked();
+  // Gives residency the part of `g`'s reserve it has no pages for (no launch queued), or takes it
+  // back before a launch or other work maps for it.
+  void park_locked(Rewritten& g);
+  void unpark_locked(std::unique_lock<std::mutex>& lock, Rewritten& g);
   // Unmaps lent's pages; a failure leaves it its pages and data (invariant 7), and says so.
   bool release_pages(Rewritten& g, Lent& lent);
   // Whether a slot of g's launch in progress has a release still to come before its next restore.
@@ -360,6 +370,7 @@ class Inside {
   Settings settings_;
   std::unordered_map<CUgraph, std::unique_ptr<Rewritten>> prepared_;
   std::unordered_map<CUgraphExec, std::unique_ptr<Rewritten>> graphs_;
+  std::set<int> devices_lent_;  // devices whose executors' pages residency was told of
   std::vector<std::unique_ptr<Rewritten>> ended_;      // destroyed while a thread waited on them
   std::unordered_map<const Slot*, Rewritten*> owner_;  // lent (or to be lent) slots
   std::atomic<bool> any_{false};                       // owner_ was ever not empty
@@ -933,6 +944,9 @@ CUresult Inside::before_launch(CUgraphExec exec, CUstream stream, std::string* m
   // Not lent before the launch (a slot was away in residency): residency made them resident, and
   // this launch holds them (its windows only copy and signal if they cannot be lent still).
   if (!g.lent && g.queued == 0) lend_locked(lock, g);
+  // Its reserve, parked since its last launch was carried out, is counted again before the
+  // executor maps for this one: slots other launches brought back meanwhile are evicted for it.
+  unpark_locked(lock, g);
   // A wrap slot on the device when this launch begins hands it its data (a D2H on its stream,
   // before the graph, whose first restore copies the host copy back): one kept on the device
   // between launches, one not lent, or, with no launch in flight, one on the device now (the
@@ -1245,9 +1259,11 @@ bool Inside::advance_locked(Rewritten& g) {
   }
   stats_.releases += releases;
   stats_.restores += restores;
+  if (releases > 0) note_held_locked();  // restores said so as they mapped
   if (finished) {
     g.running = false;
     --g.queued;
+    if (g.queued == 0) park_locked(g);
     ++stats_.launches;
     stats_.moved_bytes += g.moved_per_launch;
     if (trace::enabled()) {
@@ -1336,8 +1352,30 @@ uint64_t Inside::earlier_restores_locked(const Rewritten& g, size_t position) {
 
 void Inside::note_held_locked() {
   uint64_t held = 0;
-  for (const auto& [exec, g] : graphs_) held += g->held;
+  std::map<int, uint64_t> by_device;
+  for (const auto& [exec, g] : graphs_) {
+    held += g->held;
+    if (g->lent && !g->ended) by_device[g->device] += g->held;
+  }
   stats_.peak_lent_held = std::max(stats_.peak_lent_held, held);
+  for (int device : devices_lent_) by_device.emplace(device, 0);  // one that holds none now
+  for (const auto& [device, bytes] : by_device) {
+    residency::executors_hold(device, bytes);
+    devices_lent_.insert(device);
+  }
+}
+
+void Inside::park_locked(Rewritten& g) {
+  if (!g.lent || g.ended || g.parked > 0 || g.reserve <= g.held) return;
+  g.parked = g.reserve - g.held;
+  residency::park(g.device, g.parked);
+}
+
+void Inside::unpark_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
+  if (g.parked == 0) return;
+  const uint64_t bytes = g.parked;
+  g.parked = 0;
+  unlocked(lock, g, [&] { residency::unpark(g.device, bytes, /*make_room=*/true); });
 }
 
 bool Inside::drain_locked(std::unique_lock<std::mutex>& lock, Rewritten& g) {
@@ -1505,7 +1543,8 @@ std::vector<Slot*> Inside::present(const std::vector<Slot*>& slots, CUresult* rc
     const bool away = !lent->mapped;
     if (away) {
       // Its last step was a release, whose D2H has completed: nothing of the graph touches it
-      // until the next launch, which waits for this thread.
+      // until the next launch, which waits for this thread. Its pages come from the reserve.
+      unpark_locked(lock, g);
       const CUstream stream = stream_locked(g);
       unlocked(lock, g, [&] { bring_back(g, *lent, stream); });
       note_held_locked();
@@ -1584,6 +1623,8 @@ void Inside::exec_destroyed(CUgraphExec exec) {
       lent.host = nullptr;
     }
   }
+  if (g.parked > 0) residency::unpark(g.device, g.parked, /*make_room=*/false);
+  g.parked = 0;
   if (g.lent) residency::take_back(g.device, back, g.reserve);
   uint32_t* flags = free_locked(g);
   g.ended = true;
@@ -1593,6 +1634,7 @@ void Inside::exec_destroyed(CUgraphExec exec) {
   it = graphs_.find(exec);
   if (g.waiters > 0) ended_.push_back(std::move(it->second));  // the last of them frees it
   graphs_.erase(it);
+  note_held_locked();  // its pages are residency's again
   lock.unlock();
   // Not under the lock: freeing pinned memory may wait for the device, where another rewritten
   // graph may be parked on a map that only the executor, which needs the lock, makes.
@@ -1606,12 +1648,15 @@ void Inside::all_back_locked(std::unique_lock<std::mutex>& lock, Rewritten& g, c
   if (g.ended) return;
   finished_locked(lock, g, (std::string("before ") + when).c_str());
   if (g.ended) return;  // destroyed meanwhile: residency has its slots back
+  unpark_locked(lock, g);
+  if (g.ended) return;
   const CUstream stream = stream_locked(g);
   unlocked(lock, g, [&] {
     for (Lent& lent : g.slots) {
       if (!lent.gone && g.lent && !lent.mapped) bring_back(g, lent, stream);
     }
   });
+  note_held_locked();
 }
 
 CUresult Inside::copies_off(Rewritten& g, const WindowCopies& copies, std::string* message) {
@@ -1842,6 +1887,7 @@ void Inside::forget(Slot* slot) {
     if (g.lent && lent.mapped) {
       g.held -= slot->mapped_bytes;
       residency::take_back(g.device, {slot}, 0);
+      note_held_locked();
     }
   }
   owner_.erase(slot);  // by key: the lock was released meanwhile

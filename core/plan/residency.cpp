@@ -386,6 +386,8 @@ struct Device {
   uint64_t committed = 0;       // host order: pages of resident slots (restores queued included),
                                 // and what lent slots may hold (`lent`)
   uint64_t lent = 0;            // reserved for the executors of rewritten graphs (plan/inside.h)
+  uint64_t parked = 0;          // of their reserves, not counted while they have no launch queued
+  uint64_t executors_hold = 0;  // what those executors have mapped now, of `lent` (slot_room)
   uint64_t largest_launch = 0;  // the most bytes of slots one acquire() has needed (others())
   uint64_t physical = 0;        // pages mapped now
   uint64_t limit = 0;         // what the device could give slots, last read (free + what they hold)
@@ -469,6 +471,25 @@ class Residency {
     }
     changed_.notify_all();
   }
+  void park(int ordinal, uint64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = devices_.find(ordinal);
+      if (it == devices_.end()) return;
+      Device& d = *it->second;
+      bytes = std::min({bytes, d.lent, d.committed, d.physical});
+      d.committed -= bytes;
+      d.physical -= bytes;
+      d.lent -= bytes;
+      d.parked += bytes;
+    }
+    changed_.notify_all();  // launches waiting for room look again
+  }
+  void unpark(int ordinal, uint64_t bytes, bool make_room);
+  void executors_hold(int ordinal, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = devices_.find(ordinal); it != devices_.end()) it->second->executors_hold = bytes;
+  }
   void take_back_offloaded(Slot* slot, void* host);
   void with_pages(const std::vector<Slot*>& slots, const std::function<void()>& fn);
   void wait_settled(const std::vector<Slot*>& slots);
@@ -513,7 +534,7 @@ class Residency {
     std::lock_guard<std::mutex> submit(submit_);
     Device& d = device(ordinal);
     std::lock_guard<std::mutex> lock(mutex_);
-    return {d.lent, d.largest_launch};
+    return {d.lent + d.parked, d.largest_launch};
   }
   CUresult back_for_capture(const std::vector<Slot*>& slots, std::vector<Slot*>* pinned,
                             std::string* message);
@@ -1500,7 +1521,13 @@ std::optional<uint64_t> Residency::slot_room(Device& d) {
   if (!free_bytes) return std::nullopt;
   const uint64_t kept = engine().spare_bytes(d.ordinal);
   std::lock_guard<std::mutex> lock(mutex_);
-  return *free_bytes + d.physical + kept;
+  // The reserves lent to executors count as held (`physical`), but only what the executors have
+  // mapped holds pages; the rest is in the free memory already. Counted twice, the room let a
+  // forward graph's launch restore its slots into the pages a backward graph's executor maps
+  // next, which then found none and the process was ended (the demo's --graph pair on a 100 MiB
+  // simulated device).
+  const uint64_t slots_hold = d.physical - std::min(d.lent, d.physical) + d.executors_hold;
+  return *free_bytes + slots_hold + kept;
 }
 
 // A map of `pages` failed out of memory in cuMemCreate (`mark`: Engine::given_back_mark() before
@@ -2296,8 +2323,14 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
         // fail a program that the budget asked for nothing (a torch.compile job on the H200 got
         // "needs 0 B more" and died of it).
         const bool short_of_room = new_pages > 0 && d.committed + new_pages - freed > budget.limit;
+        // Room an executor holds unmapped for launches of its graph still queued comes back when
+        // it has carried them out (its reserve is parked then): waited for too. The program may
+        // enqueue the next launch before the executor has taken the last flags of the one
+        // before, which the device has finished (the demo's --graph pair under load).
+        const bool executors_owe = d.lent > d.executors_hold;
         if (short_of_room) {
-          pinned_elsewhere = held_back > 0 && trace::now_ns() - started < settings_.wait_limit_ns;
+          pinned_elsewhere = (held_back > 0 || executors_owe) &&
+                             trace::now_ns() - started < settings_.wait_limit_ns;
         }
         if (!pinned_elsewhere && short_of_room) {
           ++stats_.oom_launches;
@@ -2329,8 +2362,10 @@ CUresult Residency::acquire(const std::vector<Slot*>& slots, CUstream stream,
                      std::to_string(capture_gate::open()) +
                      " captures open); nothing was launched" +
                      (d.lent > 0 ? std::string("; the executors of rewritten graphs keep their "
-                                               "reserves between launches (a warning at their "
-                                               "rewrite names the budget that leaves room)")
+                                               "reserves while launches of theirs are queued, "
+                                               "and the pages they map between launches (a "
+                                               "warning at their rewrite names the budget that "
+                                               "leaves room)")
                                  : std::string());
           return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -2577,6 +2612,59 @@ void Residency::take_back(int device, const std::vector<Slot*>& slots, uint64_t 
     }
   }
   changed_.notify_all();
+}
+
+void Residency::unpark(int ordinal, uint64_t bytes, bool make_room) {
+  if (bytes == 0) return;
+  {
+    // Counted under the state lock alone (as lend_more): a destroyed graph's executor calls this
+    // holding its own lock.
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = devices_.find(ordinal);
+    if (it == devices_.end()) return;
+    Device& d = *it->second;
+    bytes = std::min(bytes, d.parked);
+    d.parked -= bytes;
+    d.committed += bytes;
+    d.physical += bytes;
+    d.lent += bytes;
+  }
+  if (!make_room) return;
+  std::lock_guard<std::mutex> submit(submit_);
+  Device& d = device(ordinal);
+  bool stale = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stale = room_stale_locked(d, 0);
+  }
+  if (stale) refresh_budget(d);
+  std::vector<Entry*> victims;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Budget budget = budget_locked(d);
+    if (d.committed > budget.limit) {
+      victims = victims_locked(d, d.committed - std::min(budget.target, d.committed), {});
+    }
+  }
+  if (victims.empty()) return;
+  std::string why;
+  if (!ensure_host_copies(victims, &why)) {
+    log().warn("device {}: no room made for a rewritten graph's reserve: {}", ordinal, why);
+    return;
+  }
+  Actions actions;
+  actions.device = ordinal;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    victims.erase(std::remove_if(victims.begin(), victims.end(),
+                                 [this](Entry* v) {
+                                   return entries_.count(v->slot) == 0 ||
+                                          v->where != Where::resident || v->pins != 0;
+                                 }),
+                  victims.end());
+    evict_handing_off_locked(victims, {}, "budget", &actions);
+  }
+  carry_out(actions, false, nullptr);
 }
 
 void Residency::wait_settled_locked(const std::vector<Slot*>& slots,
@@ -4458,6 +4546,9 @@ void at_position(int position) { the().at_position(position); }
 uint64_t make_room(int device, uint64_t bytes) { return the().make_room(device, bytes); }
 Budget budget(int device) { return the().budget(device); }
 std::map<int, Budget> started_budgets() { return the().started_budgets(); }
+void park(int device, uint64_t bytes) { the().park(device, bytes); }
+void unpark(int device, uint64_t bytes, bool make_room) { the().unpark(device, bytes, make_room); }
+void executors_hold(int device, uint64_t bytes) { the().executors_hold(device, bytes); }
 Others others(int device) { return the().others(device); }
 std::optional<uint64_t> device_room(int device) { return the().device_room(device); }
 void lend_more(int device, uint64_t bytes) { the().lend_more(device, bytes); }

@@ -207,9 +207,10 @@ std::optional<uint64_t> device_room(int device);
 
 // What the rest of the program takes of `device`'s budget, for a graph about to be rewritten
 // (core/plan/inside.h), whose executor's reserve must leave it: the reserves lent to executors
-// already, and the most bytes of slots that one launch has needed so far (a rewritten graph's
-// reserve stays counted between its launches, and the program's other work needs at least that
-// much room then).
+// already (parked ones included: each is taken again at its graph's next launch), and the most
+// bytes of slots that one launch has needed so far (a rewritten graph's reserve stays counted
+// while its launches are queued, and the program's other work needs at least that much room
+// then).
 struct Others {
   uint64_t lent = 0;
   uint64_t largest_launch = 0;
@@ -220,6 +221,20 @@ Others others(int device);
 // slot that other work uses between launches stays on the device): counted as lent from now
 // on, as its reserve is (take_back gives back the grown reserve).
 void lend_more(int device, uint64_t bytes);
+
+// A rewritten graph's executor between its launches (no launch queued): `bytes` of its reserve,
+// the part it has no pages mapped for, are not counted as lent until unpark(), so that other
+// launches may have them meanwhile (a forward graph launched between a backward graph's
+// launches). unpark() counts them again and, where `make_room`, evicts slots no launch holds
+// down to the budget's target, so that the executor's maps find the pages (it does not wait for
+// the evictions: its maps retry until residency.wait_limit). Without `make_room`, only the count
+// (a graph destroyed while parked, before take_back).
+void park(int device, uint64_t bytes);
+void unpark(int device, uint64_t bytes, bool make_room);
+// What the executors of rewritten graphs have mapped on `device` now, of the reserves lent them:
+// the device's room for slots (its free memory plus what slots hold) counts that, not the
+// reserves, whose unmapped part is in the free memory already.
+void executors_hold(int device, uint64_t bytes);
 
 // The program's own allocation on `device` failed for want of memory: evict slots that no
 // launch in flight needs until `bytes` and residency.reserve more are free (the reserve stays

@@ -951,6 +951,41 @@ TEST_F(ResidencyTest, ALaunchThatNeedsNoRoomGoesAheadOverTheLimit) {
   expect_holds(b, 22);
 }
 
+// A rewritten graph's executor with no launch queued parks the part of its reserve it has no
+// pages for: other launches may have that room meanwhile (nothing of theirs is evicted for it),
+// and taking it again before the graph's next launch evicts down to the budget. Without the
+// park, the launch below evicts a (the reserve held the room); before unpark made room, the
+// executor's maps found the pages taken (the demo's --graph pair).
+TEST_F(ResidencyTest, AParkedReserveIsRoomForOtherLaunchesUntilItIsTakenAgain) {
+  configure(3 * kPage);
+  Slot* a = make_slot();
+  Slot* b = make_slot();
+  Slot* lent_slot = make_slot();  // never used: lent without pages
+  fill(a, 41);
+  std::vector<residency::Lent> lent;
+  ASSERT_TRUE(residency::lend({lent_slot}, 2 * kPage, &lent));  // held now: 3 pages of 3
+  EXPECT_EQ(2 * kPage, residency::others(0).lent);
+  residency::park(0, 2 * kPage);
+  EXPECT_EQ(2 * kPage, residency::others(0).lent) << "a parked reserve is still the graph's";
+  fill(b, 42);  // 2 pages of 3 counted: nothing leaves
+  ASSERT_CU(cuStreamSynchronize(stream_));
+  EXPECT_TRUE(mapped(a));
+  EXPECT_TRUE(mapped(b));
+  EXPECT_EQ(0u, residency::stats().evictions) << "the parked room was evicted for";
+  residency::unpark(0, 2 * kPage, /*make_room=*/true);  // 4 counted: one of them leaves
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (mapped(a) && mapped(b) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_NE(mapped(a), mapped(b)) << "taking the reserve again evicted none, or both";
+  EXPECT_EQ(1u, residency::stats().evictions);
+  engine().back(lent_slot, std::nullopt);  // the executor maps a lent slot before giving it back
+  residency::take_back(0, {lent_slot}, 2 * kPage);
+  EXPECT_EQ(0u, residency::others(0).lent);
+  expect_holds(a, 41);
+  expect_holds(b, 42);
+}
+
 TEST_F(ResidencyTest, TheHostPoolLimitRefusesAnEvictionByName) {
   configure(1 * kPage, /*host_limit=*/kPage);
   Slot* a = make_slot();

@@ -14,10 +14,16 @@
 #      an activation between the graphs, and with the forward graph launched alone every third
 #      step. Under a size budget that both graphs' windows need (24 MiB): the checksum, both
 #      rewritten; the shared slots, with no room to stay, come back at each use.
-# Not here, because they fail (docs/PLANNER.md, "Which slots"): budgets at which only the
-# backward graph is rewritten (40 and 48 MiB: the forward graph's launch is refused, the backward
-# graph's reserve being held between its launches), and the auto budget on a 100 MiB device (the
-# backward graph's executor finds no pages: residency's room counts unmapped reserve twice).
+#   3. Capacity: on a 100 MiB device, where the two graphs run out of memory without vaswap, the
+#      auto budget rewrites the backward graph only (the forward graph fits when it is
+#      instantiated) and the job runs to the same checksum: between the backward graph's launches
+#      its executor's unmapped reserve is parked, the forward graph's launch brings its slots back
+#      into it, and the backward graph's next launch evicts them again before its executor maps
+#      (before, the room counted that reserve twice and nothing evicted for the executor: its map
+#      waited residency.wait_limit and the process was ended).
+#   4. A size budget that cannot hold the forward graph's launch beside what the backward graph's
+#      executor keeps mapped between launches (40 MiB: 32 MiB beside 14 MiB) is refused at the
+#      forward graph's launch, at once and by name.
 # Usage: inside_pair_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -86,3 +92,41 @@ pair eval "$base,inside.mode=on" "--eval-every 3" 46 1
 # A size budget below what both graphs' slots hold: the windows it needs, in both graphs; the
 # shared slots have no room to stay, and come back at each use.
 pair budget "$base,residency.budget=24MiB" "" 40 0
+
+# 3. Capacity under the auto budget.
+if VASWAP_SIM_DEVICE_MEMORY=100MiB "$demo" --quiet --steps 20 --graph pair >/dev/null 2>"$tmp/err"; then
+  fail "the two graphs fit a 100 MiB device without vaswap: the case proves nothing"
+fi
+grep -q "cudaErrorMemoryAllocation" "$tmp/err" || fail "without vaswap: not an out-of-memory"
+got=$(VASWAP_SIM_DEVICE_MEMORY=100MiB VASWAP_CONF="$base,log.level=info" \
+  run --trace "$tmp/auto.jsonl" -- "$demo" --quiet --steps 20 --graph pair 2>"$tmp/err") ||
+  fail "auto: the two-graph demo failed under vaswap on a 100 MiB device"
+[[ "$got" == "${want[none]}" ]] || fail "auto: checksum '$got', without vaswap '${want[none]}'"
+python3 - "$tmp/auto.jsonl" <<'PY' || fail "auto"
+import json, sys
+ev = sorted((json.loads(line) for line in open(sys.argv[1])), key=lambda e: e["t_ns"])
+s = next(e for e in ev if e["ev"] == "summary")
+rw = [e for e in ev if e["ev"] == "graph_rewrite"]
+assert [r["nodes"] for r in rw] == [32], rw  # the backward graph only
+assert s["inside_launches"] == 20 and s["inside_releases"] > 0, s
+assert s["errors"] == 0 and s["inside_failures"] == 0 and s["oom_launches"] == 0, s
+# The executor's maps wait for the evictions its launch's unpark started (they are not waited for
+# on the application's thread), each far below residency.wait_limit (20 s).
+assert s["inside_map_wait_us"] < 1e6 * max(1, s["inside_map_waits"]), s
+print(f"     the backward graph rewritten; {s['inside_releases']} releases in 20 launches; "
+      f"{s['evictions']} evictions; the executor waited for pages {s['inside_map_waits']} times "
+      f"({s['inside_map_wait_us'] / 1e3:.1f} ms)")
+PY
+echo "ok   auto: on a 100 MiB device, $got"
+
+# 4. A budget too small for the forward graph beside what the backward graph's executor keeps.
+set +e
+VASWAP_CONF="$base,residency.budget=40MiB" \
+  run -- "$demo" --quiet --steps 20 --graph pair >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc != 0 ]] || fail "tight: the demo ran under a 40 MiB budget: the case proves nothing"
+grep -q "cudaGraphLaunch of graph .* needs 14 MiB more of slots on device 0 within the residency budget of 40 MiB" "$tmp/err" ||
+  fail "tight: the refusal does not say what the launch needed"
+grep -q "14 MiB lent to the executor" "$tmp/err" || fail "tight: the refusal does not name the executor's share"
+echo "ok   tight: under 40 MiB the forward graph's launch is refused by name (exit status $rc)"

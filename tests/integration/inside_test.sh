@@ -18,7 +18,9 @@
 #      buffer a slot too): the rewrite's reserve leaves that work's room, which it first needs
 #      before the capture (evicted while the graph is captured: its pinned copy is made in the
 #      relaxed capture mode); a budget too small for both is named at the rewrite, with the
-#      budget that would do, and the refused launch says why.
+#      budget that would do, and runs (the graph's reserve is parked between its launches); one
+#      too small for the eager work beside what the executor keeps mapped: the refused launch
+#      says why.
 #      Every buffer a slot (selection.captured_only=false) at 12 MiB and on a 40 MiB device: the
 #      capture's copies wait for room still in flight, and their slots stay mapped until recorded.
 #      A size budget below the windows' peak on a 40 MiB device runs (nothing kept beyond the
@@ -205,12 +207,26 @@ assert s["inside_launches"] == 20 and s["oom_launches"] == 0 and s["errors"] == 
 held = rw[0]["held_peak"] // MiB
 print(f"     the graph held at most {held} MiB of the 28, the eager work 8")
 '
-refused "eager at 12 MiB" "$eager,residency.budget=12MiB,residency.wait_limit=2s" \
-  VASWAP_SIM_DEVICE_MEMORY=100MiB -- --eager-mib 8
+# 12 MiB: too little for the eager work beside the graph's windows, and the rewrite says so,
+# naming the budget that leaves room; but between the graph's launches, where the eager work
+# runs, its reserve is parked, so the job runs (before 2026-12-08 its launch was refused).
+got=$(VASWAP_SIM_DEVICE_MEMORY=100MiB \
+  VASWAP_CONF="$eager,residency.budget=12MiB,residency.wait_limit=2s,log.level=info" \
+  run -- "$demo" --quiet --steps 20 --graph whole --eager-mib 8 2>"$tmp/err") ||
+  fail "eager at 12 MiB: the demo failed under vaswap: $(grep error "$tmp/err")"
+[[ "$got" == "$want" ]] || fail "eager at 12 MiB: checksum '$got', without vaswap '$want'"
 grep -q "leaves the rest of the program too little of residency.budget (12 MiB).*a budget of at least 16 MiB" \
   "$tmp/err" || fail "eager at 12 MiB: the rewrite does not name the budget that leaves room"
-grep -q "keep their reserves between launches" "$tmp/err" || fail "eager at 12 MiB: refusal unnamed"
-echo "ok   eager at 12 MiB: the rewrite names a budget of 16 MiB, the refused launch says why"
+echo "ok   eager at 12 MiB: the rewrite names a budget of 16 MiB; the job runs: $got"
+# 8 MiB: the eager work's 8 MiB do not fit beside the pages the executor keeps mapped between
+# launches: its launch is refused by name.
+refused "eager at 8 MiB" "$eager,residency.budget=8MiB,residency.wait_limit=2s" \
+  VASWAP_SIM_DEVICE_MEMORY=100MiB -- --eager-mib 8
+grep -q "cudaLaunchKernel needs 8 MiB more of slots on device 0 within the residency budget of 8 MiB" \
+  "$tmp/err" || fail "eager at 8 MiB: the refusal does not say what the launch needed"
+grep -q "keep their reserves while launches of theirs are queued" "$tmp/err" ||
+  fail "eager at 8 MiB: refusal unnamed"
+echo "ok   eager at 8 MiB: the eager launch is refused, and says why"
 
 # Every buffer a slot under a budget of 12 MiB: the capture's copies need their slots mapped
 # while the restores made for the copies before them are still landing (each stream operation up
