@@ -678,6 +678,16 @@ class Residency {
   // but that are settling.
   uint64_t settling_pages_locked(const Device& d, const std::vector<Entry*>& keep) const;
   void evict_locked(Entry& e, const char* cause, Actions* out);
+  // Victims chosen before the lock was dropped (for their host copies) that were freed, left the
+  // device, or were pinned by a launch meanwhile leave the list.
+  void drop_unevictable_locked(std::vector<Entry*>* victims) const {
+    victims->erase(std::remove_if(victims->begin(), victims->end(),
+                                  [this](Entry* v) {
+                                    return entries_.count(v->slot) == 0 ||
+                                           v->where != Where::resident || v->pins != 0;
+                                  }),
+                   victims->end());
+  }
   void restore_locked(Entry& e, const char* cause, Actions* out);
   // Evicts `victims` to make room for `wanted`: a victim the size of a wanted slot that needs
   // pages hands its handle to that slot's restore (one each).
@@ -2656,12 +2666,7 @@ void Residency::unpark(int ordinal, uint64_t bytes, bool make_room) {
   actions.device = ordinal;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    victims.erase(std::remove_if(victims.begin(), victims.end(),
-                                 [this](Entry* v) {
-                                   return entries_.count(v->slot) == 0 ||
-                                          v->where != Where::resident || v->pins != 0;
-                                 }),
-                  victims.end());
+    drop_unevictable_locked(&victims);
     evict_handing_off_locked(victims, {}, "budget", &actions);
   }
   carry_out(actions, false, nullptr);
@@ -2850,12 +2855,7 @@ void Residency::prefetch(const std::vector<Slot*>& slots) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    victims.erase(std::remove_if(victims.begin(), victims.end(),
-                                 [this](Entry* v) {
-                                   return entries_.count(v->slot) == 0 ||
-                                          v->where != Where::resident || v->pins != 0;
-                                 }),
-                  victims.end());
+    drop_unevictable_locked(&victims);
     evict_handing_off_locked(victims, wanted, "budget", &actions);
     const uint64_t budget = budget_locked(d).target;
     for (Entry* e : wanted) {
